@@ -1,0 +1,28 @@
+"""Benchmarks: `python -m launch.benchmark --suite=NAME`.
+
+Each suite lives in `launch/benchmarks/<NAME>.py` and exposes `run() -> Report`; this entry point prints the
+table and, as its last line, one JSON object of the figures. Speed goals are checked here, never in pytest.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from absl import app, flags
+
+from launch.benchmarks.common import emit
+
+SUITES = ("forward", "learner", "rollout", "sync", "env", "e2e")
+
+_SUITE = flags.DEFINE_enum("suite", None, SUITES, "Which benchmark suite to run.")
+flags.mark_flag_as_required("suite")
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    module = importlib.import_module(f"launch.benchmarks.{_SUITE.value}")
+    emit(module.run())
+
+
+if __name__ == "__main__":
+    app.run(main)

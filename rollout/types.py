@@ -1,0 +1,62 @@
+"""The generator contract: what a rollout engine takes and returns (DESIGN.md section 3)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, Mapping, Protocol, Sequence
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings shared by every generator.
+
+    `top_k <= 0` and `top_p == 1.0` disable those filters. Log-probs returned with a completion are always
+    `log_softmax(logits / temperature)` of the unfiltered distribution, the quantity the learner recomputes.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One sampled continuation, in the generator's own token ids (never re-tokenised downstream)."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    policy_version: int
+
+    def __post_init__(self) -> None:
+        if len(self.completion_ids) != len(self.logprobs):
+            raise ValueError(
+                f"{len(self.completion_ids)} completion ids but {len(self.logprobs)} log-probs"
+            )
+
+
+class Generator(Protocol):
+    """A rollout engine: samples `n` completions per prompt and accepts new weights by name."""
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, n: int
+    ) -> list[list[Completion]]: ...
+
+    def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None: ...
+
+    def close(self) -> None: ...

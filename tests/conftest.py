@@ -1,0 +1,7 @@
+import os
+
+# Tests run on the CPU; eight host devices let the sharding tests build a real (fsdp, tp) mesh.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
