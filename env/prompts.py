@@ -1,0 +1,169 @@
+"""Prompts of the Conductor and of its workers (DESIGN.md section 8), written in our own words.
+
+Structure follows the reference: the Conductor gets a system message, a user message with the question, the pool
+as numbered ids, the step limit and a few example workflows from other task families, and continues an assistant
+prefix that starts its planning. A worker gets a preamble, the overall question, every earlier step it may read
+as a tagged subtask + response pair, then its own subtask. Example workflows are rendered by `render_workflow`,
+so the prompts and the parser share one grammar.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from env.workers.base import Message
+from env.workflow import AccessMode, Step, Workflow, check_settings, render_workflow
+
+CONDUCTOR_PREFIX = (
+    "Let me plan this step by step: which subtasks the question needs, which model should handle each one, "
+    "and which earlier steps each model should see.\n"
+)
+
+_CONDUCTOR_SYSTEM = (
+    "You are the Conductor. You do not answer questions yourself. Instead you design a short workflow in which "
+    "other language models solve a question together, and you write it in a fixed format."
+)
+
+_ACCESS_RULES = {
+    "binary": (
+        'access_list: for each step either "all" (the model sees the subtasks and responses of every earlier '
+        "step) or [] (it sees only the question and its own subtask)."
+    ),
+    "fine": (
+        "access_list: for each step a list of indices of earlier steps whose subtasks and responses that model "
+        "sees, for example [0, 2]; [] means it sees only the question and its own subtask. A step can only "
+        "read steps that come before it."
+    ),
+}
+
+# Each example is a question from a family that differs from the usual benchmarks, with a workflow over
+# generic model ids; ids are taken modulo the pool size so they are valid for any pool.
+_EXAMPLES: tuple[tuple[str, Workflow], ...] = (
+    (
+        "Which planet in our solar system has the shortest day?",
+        Workflow(
+            steps=(Step(worker=1, instruction="Answer the question directly and briefly.", access=()),),
+            reasoning="This is a single factual lookup, so one strong model answering directly is enough.",
+        ),
+    ),
+    (
+        "A tank holds 240 litres and drains at 3.5 litres per minute. How long until it holds 100 litres?",
+        Workflow(
+            steps=(
+                Step(worker=0, instruction="Set up the equation for the volume over time and solve it.", access=()),
+                Step(
+                    worker=2,
+                    instruction="Check the arithmetic of the previous solution and state the final answer.",
+                    access="all",
+                ),
+            ),
+            reasoning="One model solves, a second verifies the arithmetic and gives the final answer.",
+        ),
+    ),
+    (
+        "Write a function that returns the k most frequent words in a text, ties broken alphabetically.",
+        Workflow(
+            steps=(
+                Step(worker=2, instruction="List the edge cases a correct solution must handle.", access=()),
+                Step(worker=0, instruction="Write the function, handling every listed edge case.", access="all"),
+                Step(
+                    worker=1,
+                    instruction="Review the code for bugs against the edge cases and output the corrected "
+                    "final version.",
+                    access="all",
+                ),
+            ),
+            reasoning="Planning the edge cases first, then writing, then reviewing catches most bugs in code.",
+        ),
+    ),
+)
+
+
+def conductor_messages(
+    question: str, pool_size: int, max_steps: int = 5, access_mode: AccessMode = "binary"
+) -> list[Message]:
+    """System + user message of the first Conductor round; the assistant continues `CONDUCTOR_PREFIX`."""
+    check_settings(pool_size, max_steps, access_mode)
+    user = "\n\n".join(
+        [
+            f"Question:\n{question}",
+            _pool_and_format(pool_size, max_steps, access_mode),
+            _examples(pool_size, max_steps, access_mode),
+            "Reason briefly about how to split the question, then write the three lists for this question.",
+        ]
+    )
+    return [{"role": "system", "content": _CONDUCTOR_SYSTEM}, {"role": "user", "content": user}]
+
+
+def recursion_messages(
+    question: str,
+    pool_size: int,
+    max_steps: int,
+    previous_workflow_text: str,
+    previous_answer: str,
+    access_mode: AccessMode = "binary",
+) -> list[Message]:
+    """A further Conductor round: it sees its previous workflow and that workflow's final answer and either
+    writes a new workflow or three empty lists to keep the previous answer."""
+    check_settings(pool_size, max_steps, access_mode)
+    user = "\n\n".join(
+        [
+            f"Question:\n{question}",
+            f"You already ran this workflow:\n{previous_workflow_text.strip()}",
+            f"Its final answer was:\n{previous_answer.strip()}",
+            _pool_and_format(pool_size, max_steps, access_mode),
+            "If you are confident the final answer is correct, keep it by writing three empty lists:\n"
+            "model_id = []\nsubtasks = []\naccess_list = []\n"
+            "Otherwise write a new workflow that fixes what went wrong; it may use the previous answer in its "
+            "subtasks.",
+        ]
+    )
+    return [{"role": "system", "content": _CONDUCTOR_SYSTEM}, {"role": "user", "content": user}]
+
+
+_WORKER_PREAMBLE = (
+    "You are one of several AI agents working together on a task. You are given the overall task and one "
+    "subtask to solve. You may also see the subtasks given to other agents and their responses; use them where "
+    "they help, but check them, since they can be wrong. Solve your own subtask. If your subtask asks for the "
+    "final answer, give it in the format the overall task requests."
+)
+
+
+def worker_messages(question: str, visible: Sequence[tuple[str, str]], instruction: str) -> list[Message]:
+    """One user message for a worker. `visible` holds (subtask, response) of each earlier step it may read,
+    in step order."""
+    parts = [_WORKER_PREAMBLE, f"<overall_task>\n{question}\n</overall_task>"]
+    for number, (subtask, response) in enumerate(visible, start=1):
+        parts.append(
+            f"<agent_{number}_subtask>\n{subtask}\n</agent_{number}_subtask>\n"
+            f"<agent_{number}_response>\n{response}\n</agent_{number}_response>"
+        )
+    parts.append(f"<your_subtask>\n{instruction}\n</your_subtask>")
+    return [{"role": "user", "content": "\n\n".join(parts)}]
+
+
+def _pool_and_format(pool_size: int, max_steps: int, access_mode: AccessMode) -> str:
+    pool = "\n".join(f"- Model id {index}" for index in range(pool_size))
+    return (
+        f"Available models:\n{pool}\n\n"
+        f"Write a workflow of at most {max_steps} step{'s' if max_steps > 1 else ''}. Steps run in order and "
+        "the response of the last step is the final answer, so the last subtask must ask for the final answer "
+        "in the format the question requests. End your reply with three Python lists of the same length:\n"
+        f"model_id: for each step the id of the model that runs it (an integer from 0 to {pool_size - 1}).\n"
+        "subtasks: for each step the instruction given to that model, as a string.\n"
+        f"{_ACCESS_RULES[access_mode]}"
+    )
+
+
+def _examples(pool_size: int, max_steps: int, access_mode: AccessMode) -> str:
+    blocks = []
+    for number, (question, workflow) in enumerate(_EXAMPLES, start=1):
+        if len(workflow.steps) > max_steps:
+            continue
+        steps = tuple(
+            Step(worker=step.worker % pool_size, instruction=step.instruction, access=step.access)
+            for step in workflow.steps
+        )
+        rendered = render_workflow(Workflow(steps=steps, reasoning=workflow.reasoning), access_mode)
+        blocks.append(f"Example {number}\nQuestion: {question}\n{rendered}")
+    return "Examples of workflows for other kinds of questions:\n\n" + "\n\n".join(blocks)

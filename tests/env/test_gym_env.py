@@ -1,0 +1,190 @@
+import asyncio
+import threading
+import time
+
+import gymnasium
+import pytest
+
+from env import prompts
+from env.executor import ExecutorConfig
+from env.gym_env import ConductorEnv, EnvConfig
+from env.rewards import RewardConfig
+from env.workflow import Step, Workflow, render_workflow
+from env.worlds import SyntheticWorldConfig, World, build_world
+from tests.env.helpers import ScriptedWorker, exact_task
+
+ONE_STEP = render_workflow(Workflow(steps=(Step(0, "Solve the question."),)))
+KEEP = "model_id = []\nsubtasks = []\naccess_list = []"
+
+
+def scripted_world(*workers, tasks=None) -> World:
+    return World("test", list(workers), tasks or [exact_task(f"t{i}", question=f"q{i}") for i in range(4)])
+
+
+def test_the_observation_is_the_conductor_prompt_and_task_id():
+    world = build_world(SyntheticWorldConfig(num_tasks=8))
+    env = ConductorEnv(world, EnvConfig(max_steps=4, access_mode="fine"))
+    observation, info = env.reset(seed=1)
+    task = next(task for task in world.tasks if task.id == observation["task_id"])
+    assert observation["messages"] == prompts.conductor_messages(task.question, 4, 4, "fine")
+    assert observation["prefix"] == prompts.CONDUCTOR_PREFIX
+    assert observation["text"].startswith("system:\n") and observation["text"].endswith(prompts.CONDUCTOR_PREFIX)
+    assert task.question in observation["text"] and info == {"task_id": task.id, "round": 0}
+    assert env.observation_space.contains(observation) and env.action_space.contains(ONE_STEP)
+    seen = {observation["task_id"]} | {env.reset()[0]["task_id"] for _ in range(7)}
+    assert seen == {task.id for task in world.tasks}  # one pass visits every task once
+    assert env.reset(seed=1)[0]["task_id"] == observation["task_id"]
+    assert env.reset(options={"task_id": world.tasks[5].id})[0]["task_id"] == world.tasks[5].id
+    env.close()
+
+
+@pytest.mark.parametrize(("answer", "expected_reward"), [("42", 1.0), ("41", 0.5)])
+def test_a_valid_workflow_is_executed_graded_and_rewarded(answer, expected_reward):
+    env = ConductorEnv(scripted_world(ScriptedWorker("w", answer)))
+    env.reset()
+    observation, reward, terminated, truncated, info = env.step("I will ask model 0.\n" + ONE_STEP)
+    assert (reward, terminated, truncated) == (expected_reward, True, False)
+    assert info["grade"] == (1.0 if answer == "42" else 0.0) and info["parse_error"] is None
+    assert info["workflow"].steps == (Step(0, "Solve the question."),)
+    assert info["execution"].final_answer == f"<answer>{answer}</answer>"
+    assert info["reward_components"]["total"] == expected_reward
+    env.close()
+
+
+def test_a_malformed_completion_is_a_scored_format_error_not_a_crash():
+    env = ConductorEnv(scripted_world(ScriptedWorker("w")))
+    env.reset()
+    _, reward, terminated, _, info = env.step("model_id = [3]\nsubtasks = ['x']\naccess_list = [[]]")
+    assert reward == 0.0 and terminated and info["execution"] is None and info["grade"] is None
+    assert "3" in info["parse_error"] and info["reward_components"]["format_valid"] == 0.0
+    env.reset()
+    assert env.step("no lists at all")[1] == 0.0
+    env.close()
+
+
+def test_a_recursion_round_can_keep_or_replace_the_first_answer():
+    pool = (ScriptedWorker("wrong", "41"), ScriptedWorker("right", "42"))
+    env = ConductorEnv(scripted_world(*pool), EnvConfig(recursion_rounds=1))
+    observation, _ = env.reset()
+    task_id = observation["task_id"]
+    observation, reward, terminated, _, info = env.step(ONE_STEP)
+    assert reward == 0.5 and not terminated
+    assert observation["messages"] == prompts.recursion_messages(
+        next(t.question for t in env.world.tasks if t.id == task_id), 2, 5, ONE_STEP, "<answer>41</answer>"
+    )
+    fixed = render_workflow(Workflow(steps=(Step(1, "Check the previous answer 41."),)))
+    _, reward, terminated, _, info = env.step(fixed)
+    assert terminated and info["round"] == 1 and info["grade"] == 1.0
+    assert reward == pytest.approx(0.2 * 0.5 + 0.8 * 1.0)
+
+    env.reset()
+    env.step(ONE_STEP)
+    _, reward, terminated, _, info = env.step(KEEP)
+    assert terminated and info["execution"].kept_previous and reward == pytest.approx(0.5)
+    assert len(pool[0].calls) == 2 and len(pool[1].calls) == 1
+    env.close()
+
+
+def test_empty_lists_are_a_format_error_in_the_first_round():
+    env = ConductorEnv(scripted_world(ScriptedWorker("w")), EnvConfig(recursion_rounds=1))
+    env.reset()
+    _, reward, terminated, _, info = env.step(KEEP)
+    assert reward == 0.0 and terminated and info["parse_error"]
+    env.close()
+
+
+class ConcurrencyProbe(ScriptedWorker):
+    def __init__(self) -> None:
+        super().__init__("probe", latency_s=0.05)
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def complete(self, messages, **kwargs):
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await super().complete(messages, **kwargs)
+        finally:
+            self.in_flight -= 1
+
+
+def test_score_batch_scores_thousands_concurrently_with_bounded_concurrency():
+    probe = ConcurrencyProbe()
+    tasks = [exact_task(f"t{i}", question=f"q{i}") for i in range(2000)]
+    env = ConductorEnv(scripted_world(probe, tasks=tasks), EnvConfig(max_concurrency=500))
+    texts = [ONE_STEP if i % 3 else "garbage" for i in range(2000)]
+    start = time.perf_counter()
+    scored = asyncio.run(env.score_batch(tasks, texts, sample_indices=list(range(2000))))
+    elapsed = time.perf_counter() - start
+    assert probe.max_in_flight == 500
+    assert elapsed < 10.0  # serially: 1333 calls x 50 ms = 67 s
+    assert [s.reward for s in scored] == [1.0 if i % 3 else 0.0 for i in range(2000)]
+    assert [s.task_id for s in scored] == [t.id for t in tasks]
+    env.close()
+
+
+def test_grading_runs_in_the_grading_pool_not_on_the_event_loop():
+    threads = []
+
+    def grader(text, gold):
+        threads.append(threading.current_thread().name)
+        return 1.0
+
+    from env.tasks.base import Task
+
+    task = Task("g", "d", "q", "42", grader)
+    env = ConductorEnv(scripted_world(ScriptedWorker("w"), tasks=[task]), EnvConfig(grading_threads=2))
+    env.score_batch_sync([task] * 4, [ONE_STEP] * 4)
+    assert len(threads) == 4 and all(name.startswith("grading") for name in threads)
+    env.close()
+
+
+def test_the_synthetic_world_runs_through_the_env_with_seeded_executions():
+    world = build_world(SyntheticWorldConfig(num_workers=2, num_tasks=12, skills=((1.0,) * 4, (0.0,) * 4)))
+    config = EnvConfig(executor=ExecutorConfig(seed=7), reward=RewardConfig(step_penalty=0.1))
+    env = ConductorEnv(world, config)
+    to_worker_1 = render_workflow(Workflow(steps=(Step(0, "a"), Step(1, "b", "all"))))
+    scored = env.score_batch_sync(world.tasks, [ONE_STEP] * 6 + [to_worker_1] * 6)
+    assert [s.reward for s in scored] == pytest.approx([0.9] * 6 + [0.3] * 6)
+    env.close()
+
+
+def test_a_seeded_executor_repeats_the_simulated_outcomes_and_another_seed_changes_them():
+    world = build_world(SyntheticWorldConfig(num_workers=1, num_tasks=200, skills=((0.5,) * 4,)))
+
+    def answers(seed: int) -> list[str]:
+        env = ConductorEnv(world, EnvConfig(executor=ExecutorConfig(seed=seed)))
+        scored = env.score_batch_sync(world.tasks, [ONE_STEP] * len(world.tasks))
+        env.close()
+        return [s.execution.final_answer for s in scored]
+
+    first = answers(0)
+    assert answers(0) == first and answers(1) != first
+
+
+def test_bad_input_is_rejected():
+    env = ConductorEnv(scripted_world(ScriptedWorker("w")))
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(ONE_STEP)
+    env.reset()
+    with pytest.raises(TypeError, match="completion text"):
+        env.step([1, 2])
+    with pytest.raises(ValueError, match="2 tasks but 1 completions"):
+        env.score_batch_sync(env.world.tasks[:2], [ONE_STEP])
+    bad_first_round = env.score_batch_sync(env.world.tasks[:1], ["garbage"])[0]
+    with pytest.raises(ValueError, match="previous round with a valid workflow"):
+        env.score_batch_sync(env.world.tasks[:1], [KEEP], previous=[bad_first_round])
+    with pytest.raises(KeyError, match="nope"):
+        env.reset(options={"task_id": "nope"})
+    with pytest.raises(ValueError, match="access_mode"):
+        EnvConfig(access_mode="coarse")
+    with pytest.raises(ValueError, match="recursion_rounds"):
+        EnvConfig(recursion_rounds=-1)
+    env.close()
+
+
+def test_the_env_is_a_gymnasium_env():
+    env = ConductorEnv(scripted_world(ScriptedWorker("w")))
+    assert isinstance(env, gymnasium.Env)
+    assert isinstance(env.unwrapped, ConductorEnv)
+    env.close()
