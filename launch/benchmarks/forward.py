@@ -1,0 +1,80 @@
+"""Forward throughput of SmolLM2-135M-Instruct: Flax NNX under jit vs transformers/torch eager, same run.
+
+Batch 8 x 256 tokens, float32, logits included on both sides. Goal: Flax >= 1.2x torch tokens/s.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers
+from flax import nnx
+
+from launch.benchmarks.common import Report, timed
+from models import hf_io, zoo
+
+BATCH, LENGTH, REPEATS = 8, 256, 3
+GOAL_RATIO = 1.2
+
+
+def run() -> Report:
+    model_dir = zoo.smollm2_135m_instruct()
+    tokens = np.random.default_rng(0).integers(0, 49152, size=(BATCH, LENGTH), dtype=np.int32)
+    n_tokens = BATCH * LENGTH
+
+    model = hf_io.load(model_dir)
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def flax_forward(params, tokens):
+        decoder = nnx.merge(graphdef, params)
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+        return decoder.logits(decoder(tokens, positions, jnp.ones(tokens.shape, jnp.bool_)))
+
+    jax_tokens = jnp.asarray(tokens)
+    torch_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    torch_tokens = torch.as_tensor(tokens, dtype=torch.long)
+
+    def run_flax():
+        flax_forward(params, jax_tokens).block_until_ready()
+
+    def run_torch():
+        with torch.inference_mode():
+            torch_model(input_ids=torch_tokens).logits
+
+    # Alternate the engines so that both see the same background load on a shared machine.
+    flax_seconds, torch_seconds = [], []
+    for repeat in range(REPEATS):
+        flax_seconds += timed(run_flax, repeats=1, warmup=1 if repeat == 0 else 0)
+        torch_seconds += timed(run_torch, repeats=1, warmup=1 if repeat == 0 else 0)
+
+    flax_tps = n_tokens / statistics.median(flax_seconds)
+    torch_tps = n_tokens / statistics.median(torch_seconds)
+    ratio = flax_tps / torch_tps
+    rows = [
+        ["flax nnx (jax.jit)", statistics.median(flax_seconds), min(flax_seconds), flax_tps],
+        ["transformers (torch eager)", statistics.median(torch_seconds), min(torch_seconds), torch_tps],
+    ]
+    return Report(
+        suite="forward",
+        columns=["engine", "median_s", "min_s", "tokens_per_s"],
+        rows=rows,
+        figures={
+            "model": "SmolLM2-135M-Instruct",
+            "batch": BATCH,
+            "seq_len": LENGTH,
+            "dtype": "float32",
+            "flax_tokens_per_s": round(flax_tps, 1),
+            "torch_tokens_per_s": round(torch_tps, 1),
+            "flax_over_torch": round(ratio, 3),
+            "goal_flax_over_torch": GOAL_RATIO,
+            "goal_met": ratio >= GOAL_RATIO,
+            "torch_threads": torch.get_num_threads(),
+        },
+        notes=[f"batch {BATCH} x {LENGTH} tokens, fp32, median of {REPEATS} interleaved runs after 1 warm-up each; "
+               f"flax/torch = {ratio:.3f} (goal >= {GOAL_RATIO})"],
+    )

@@ -1,0 +1,73 @@
+"""Per-token log-probabilities without materialising `[batch, time, vocab]` logits.
+
+The sequence is cut into chunks; each chunk's logits are computed, reduced to one log-prob (and entropy) per
+token, and dropped. The chunk function is rematerialised, so the backward pass recomputes one chunk's logits
+at a time too. With Qwen's 152k vocabulary this is the difference between megabytes and tens of gigabytes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from models.transformer import Transformer
+
+DEFAULT_CHUNK_SIZE = 256
+
+
+def token_logprobs(
+    model: Transformer,
+    hidden: jax.Array,
+    targets: jax.Array,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    return_entropy: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """`log_softmax(logits / temperature)[b, t, targets[b, t]]` as float32 `[B, T]`.
+
+    Hidden at position t predicts the token at t + 1: callers pass `targets` already shifted. With
+    `return_entropy`, also returns the entropy of the same tempered distribution at each position.
+    """
+    if hidden.ndim != 3:
+        raise ValueError(f"hidden must be [batch, time, hidden], got shape {hidden.shape}")
+    if targets.shape != hidden.shape[:2]:
+        raise ValueError(f"targets must have shape {hidden.shape[:2]}, got {targets.shape}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+
+    batch, length, width = hidden.shape
+    chunk = min(chunk_size, length)
+    num_chunks = -(-length // chunk)
+    padding = num_chunks * chunk - length
+    hidden = jnp.pad(hidden, ((0, 0), (0, padding), (0, 0)))
+    targets = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, padding)))
+    # Chunks lead so that `scan` walks over them: [num_chunks, B, chunk, ...].
+    hidden_chunks = hidden.reshape(batch, num_chunks, chunk, width).swapaxes(0, 1)
+    target_chunks = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def chunk_stats(hidden_chunk: jax.Array, target_chunk: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = model.logits(hidden_chunk).astype(jnp.float32) / temperature
+        log_normaliser = jax.nn.logsumexp(logits, axis=-1)
+        target_logits = jnp.take_along_axis(logits, target_chunk[..., None], axis=-1)[..., 0]
+        logp = target_logits - log_normaliser
+        if not return_entropy:
+            return logp, jnp.zeros_like(logp)
+        probs = jnp.exp(logits - log_normaliser[..., None])
+        entropy = log_normaliser - jnp.sum(probs * logits, axis=-1)
+        return logp, entropy
+
+    def step(carry: None, chunk_inputs: tuple[jax.Array, jax.Array]) -> tuple[None, tuple[jax.Array, jax.Array]]:
+        return carry, chunk_stats(*chunk_inputs)
+
+    _, (logp, entropy) = jax.lax.scan(step, None, (hidden_chunks, target_chunks))
+
+    def unchunk(values: jax.Array) -> jax.Array:
+        return values.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]
+
+    if return_entropy:
+        return unchunk(logp), unchunk(entropy)
+    return unchunk(logp)

@@ -1,0 +1,177 @@
+"""A Llama / Qwen2 / Qwen3 decoder in Flax NNX that reproduces Hugging Face's forward pass.
+
+Attribute names mirror the HF module tree (`embed_tokens`, `layers[i].self_attn.q_proj`, ...) so the name map in
+`models.hf_io` is a short table. Kernels are stored `[in, out]` (the JAX convention; HF stores `[out, in]`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.config import ModelConfig
+
+# HF initialises every matrix with N(0, initializer_range=0.02); random models here start from the same scale.
+_WEIGHT_INIT = nnx.initializers.normal(stddev=0.02)
+
+
+class RMSNorm(nnx.Module):
+    """HF's RMSNorm: normalise in float32, cast back to the input dtype, then scale."""
+
+    def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype, param_dtype: jnp.dtype):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(self.dtype) * normed.astype(self.dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos and sin `[B, T, head_dim]` for HF's rotate-half RoPE (frequencies repeated over both halves)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates `x [B, T, heads, head_dim]` in float32: x * cos + rotate_half(x) * sin."""
+    x32 = x.astype(jnp.float32)
+    first, second = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-second, first], axis=-1)
+    return (x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(x.dtype)
+
+
+def attention_mask_4d(attention_mask: jax.Array) -> jax.Array:
+    """`[B, 1, 1, T, S]` bool: query t may read key s iff s <= t and key s is a real token.
+
+    Causality is by array index, not by position id, so left padding changes nothing for the real tokens.
+    """
+    length = attention_mask.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
+    return causal[None, None, None, :, :] & attention_mask[:, None, None, None, :]
+
+
+class Attention(nnx.Module):
+    """Grouped-query causal self-attention with optional q/k/v biases (Qwen2) and q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        dims = dict(dtype=config.dtype, param_dtype=config.param_dtype, kernel_init=_WEIGHT_INIT, rngs=rngs)
+        q_width = config.num_heads * config.head_dim
+        kv_width = config.num_kv_heads * config.head_dim
+        self.q_proj = nnx.Linear(config.hidden_size, q_width, use_bias=config.attention_bias, **dims)
+        self.k_proj = nnx.Linear(config.hidden_size, kv_width, use_bias=config.attention_bias, **dims)
+        self.v_proj = nnx.Linear(config.hidden_size, kv_width, use_bias=config.attention_bias, **dims)
+        self.o_proj = nnx.Linear(q_width, config.hidden_size, use_bias=False, **dims)
+        if config.qk_norm:
+            norm = dict(eps=config.rms_norm_eps, dtype=config.dtype, param_dtype=config.param_dtype)
+            self.q_norm = RMSNorm(config.head_dim, **norm)
+            self.k_norm = RMSNorm(config.head_dim, **norm)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
+        config = self.config
+        batch, length, _ = x.shape
+        q = self.q_proj(x).reshape(batch, length, config.num_heads, config.head_dim)
+        k = self.k_proj(x).reshape(batch, length, config.num_kv_heads, config.head_dim)
+        v = self.v_proj(x).reshape(batch, length, config.num_kv_heads, config.head_dim)
+        if config.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        # Query heads are grouped under the key/value head they share: q [B, T, K, G, D] against k [B, S, K, D].
+        q = q.reshape(batch, length, config.num_kv_heads, config.num_query_groups, config.head_dim)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+        scores = scores * config.head_dim**-0.5
+        # A finite fill keeps fully masked rows (left-padding queries) finite: they average all keys, never NaN.
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(config.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+        return self.o_proj(out.reshape(batch, length, config.num_heads * config.head_dim))
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        dims = dict(use_bias=False, dtype=config.dtype, param_dtype=config.param_dtype, kernel_init=_WEIGHT_INIT,
+                    rngs=rngs)
+        self.gate_proj = nnx.Linear(config.hidden_size, config.intermediate_size, **dims)
+        self.up_proj = nnx.Linear(config.hidden_size, config.intermediate_size, **dims)
+        self.down_proj = nnx.Linear(config.intermediate_size, config.hidden_size, **dims)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        norm = dict(eps=config.rms_norm_eps, dtype=config.dtype, param_dtype=config.param_dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, **norm)
+        self.self_attn = Attention(config, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, **norm)
+        self.mlp = MLP(config, rngs=rngs)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _run_layer(layer: DecoderLayer, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
+    return layer(x, cos, sin, mask)
+
+
+_run_layer_remat = nnx.remat(_run_layer)
+
+
+class Transformer(nnx.Module):
+    """Decoder-only language model.
+
+    `model(tokens, positions, attention_mask)` returns the final-norm hidden states `[B, T, hidden]`;
+    `model.logits(hidden)` applies the (tied or separate) LM head. Positions are explicit so a left-padded row
+    gives the same values at its real tokens as the unpadded sequence.
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embed_tokens = nnx.Embed(
+            config.vocab_size, config.hidden_size, dtype=config.dtype, param_dtype=config.param_dtype,
+            embedding_init=_WEIGHT_INIT, rngs=rngs,
+        )
+        self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=config.dtype,
+                            param_dtype=config.param_dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = nnx.Linear(
+                config.hidden_size, config.vocab_size, use_bias=False, dtype=config.dtype,
+                param_dtype=config.param_dtype, kernel_init=_WEIGHT_INIT, rngs=rngs,
+            )
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
+        if positions.shape != tokens.shape or attention_mask.shape != tokens.shape:
+            raise ValueError(
+                f"tokens {tokens.shape}, positions {positions.shape} and attention_mask {attention_mask.shape} "
+                "must have the same [batch, time] shape"
+            )
+        config = self.config
+        x = self.embed_tokens(tokens)
+        cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
+        mask = attention_mask_4d(attention_mask.astype(jnp.bool_))
+        run_layer = _run_layer_remat if config.remat else _run_layer
+        for layer in self.layers:
+            x = run_layer(layer, x, cos, sin, mask)
+        return self.norm(x)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """`[..., vocab]` logits in the compute dtype."""
+        if self.config.tie_word_embeddings:
+            return self.embed_tokens.attend(hidden)
+        return self.lm_head(hidden)

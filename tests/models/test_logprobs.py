@@ -1,0 +1,120 @@
+"""Chunked per-token log-probs equal the full log-softmax, in value and gradient, and never build [B, T, V]."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import ModelConfig, Transformer, testing
+from models.logprobs import token_logprobs
+from tests.models.conftest import padded_batch
+
+BATCH, LENGTH, VOCAB = 3, 10, 256
+
+
+def make_model(family="qwen2"):
+    return Transformer(ModelConfig.from_hf(testing.tiny_config(family)), rngs=nnx.Rngs(0))
+
+
+def make_inputs(model):
+    tokens, positions, mask = (jnp.asarray(x) for x in padded_batch((10, 6, 2), LENGTH, VOCAB))
+    hidden = model(tokens, positions, mask) * 20.0  # sharper distributions than the N(0, 0.02) init gives
+    targets = jnp.roll(tokens, -1, axis=1)
+    return hidden, targets
+
+
+def reference_logprobs(model, hidden, targets, temperature):
+    logits = np.asarray(model.logits(hidden), np.float64) / temperature
+    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    chosen = np.take_along_axis(log_probs, np.asarray(targets)[..., None], axis=-1)[..., 0]
+    entropy = -(np.exp(log_probs) * log_probs).sum(-1)
+    return chosen, entropy
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 5, 10, 64])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_and_entropy_equal_numpy_log_softmax(chunk_size, temperature):
+    model = make_model()
+    hidden, targets = make_inputs(model)
+    logp, entropy = token_logprobs(model, hidden, targets, temperature=temperature, chunk_size=chunk_size,
+                                   return_entropy=True)
+    expected_logp, expected_entropy = reference_logprobs(model, hidden, targets, temperature)
+    assert logp.dtype == jnp.float32 and logp.shape == (BATCH, LENGTH)
+    assert expected_logp.min() < -1.0 and expected_entropy.max() > 0.5  # a real distribution, not uniform
+    np.testing.assert_allclose(np.asarray(logp), expected_logp, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(entropy), expected_entropy, atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(token_logprobs(model, hidden, targets, temperature=temperature,
+                                                            chunk_size=chunk_size)), np.asarray(logp))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])  # untied and tied LM heads
+def test_chunked_gradients_equal_unchunked_gradients(family):
+    model = make_model(family)
+    tokens, positions, mask = (jnp.asarray(x) for x in padded_batch((10, 6, 2), LENGTH, VOCAB))
+    targets = jnp.roll(tokens, -1, axis=1)
+    weights = jax.random.normal(jax.random.key(0), (BATCH, LENGTH)) * mask
+
+    def loss(model, chunk_size):
+        hidden = model(tokens, positions, mask)
+        logp, entropy = token_logprobs(model, hidden, targets, chunk_size=chunk_size, temperature=0.9,
+                                       return_entropy=True)
+        return jnp.sum(weights * logp) + 0.1 * jnp.sum(weights * entropy)
+
+    def full_softmax_loss(model):
+        logits = model.logits(model(tokens, positions, mask)).astype(jnp.float32) / 0.9
+        log_probs = jax.nn.log_softmax(logits)
+        logp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+        entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+        return jnp.sum(weights * logp) + 0.1 * jnp.sum(weights * entropy)
+
+    reference = nnx.grad(full_softmax_loss)(model)
+    for chunk_size in (3, LENGTH):
+        grads = nnx.grad(loss)(model, chunk_size)
+        flat_ref, flat = jax.tree.leaves(reference), jax.tree.leaves(grads)
+        assert len(flat) == len(flat_ref) and max(float(jnp.abs(g).max()) for g in flat_ref) > 1e-3
+        for got, want in zip(flat, flat_ref):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=1e-4)
+
+
+def _all_shapes(jaxpr):
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            yield tuple(getattr(var.aval, "shape", ()))
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _all_shapes(inner)
+
+
+def test_full_logits_never_exist_in_forward_or_backward():
+    model = make_model()
+    graphdef, params = nnx.split(model)
+    hidden, targets = make_inputs(model)
+
+    def loss(params, hidden):
+        return token_logprobs(nnx.merge(graphdef, params), hidden, targets, chunk_size=2).sum()
+
+    shapes = list(_all_shapes(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(params, hidden).jaxpr))
+    # Logits are [B, t, V] (or stacked by scan, [chunks, B, t, V]); the [hidden, V] LM head is not one.
+    vocab_sized = [s for s in shapes if len(s) >= 3 and s[-1] == VOCAB and np.prod(s[:-1]) > BATCH * 2]
+    chunk_sized = [s for s in shapes if s == (BATCH, 2, VOCAB)]
+    assert chunk_sized, "the per-chunk logits should appear"
+    assert not vocab_sized, f"found logits larger than one chunk: {vocab_sized}"
+
+
+def test_rejects_bad_arguments():
+    model = make_model()
+    hidden, targets = make_inputs(model)
+    with pytest.raises(ValueError, match="targets must have shape"):
+        token_logprobs(model, hidden, targets[:, 1:])
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(model, hidden, targets, temperature=0.0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        token_logprobs(model, hidden, targets, chunk_size=0)
+    with pytest.raises(ValueError, match="hidden must be"):
+        token_logprobs(model, hidden[0], targets)
