@@ -1,0 +1,145 @@
+"""One full GRPO update of SmolLM2-135M-Instruct: the Flax Learner under jit vs the same step in plain PyTorch eager.
+
+The step: forward over 8 sequences x 256 tokens (128 prompt, 128 completion), log-softmax at the sampled tokens,
+per-token entropy (a logged metric on both sides), the clipped policy loss with the GRPO aggregation, backward,
+global-norm clipping and AdamW, all float32. Goal: Flax >= 1.2x torch tokens/s. Model-FLOPs utilisation is
+reported against the float32 matmul rate measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers
+
+from launch.benchmarks.common import Report, timed
+from models import hf_io, zoo
+from rl.learner import Learner, LearnerConfig, OptimizerConfig
+from rl.losses import LossConfig
+from rl.trajectories import build
+
+BATCH, PROMPT, COMPLETION, REPEATS = 8, 128, 128, 3
+CLIP, LEARNING_RATE, MAX_GRAD_NORM = 0.2, 1e-6, 1.0
+MATMUL_SIZE = 2048
+GOAL_RATIO = 1.2
+
+
+def _matmul_flops_per_s() -> float:
+    """Best-of-3 float32 square-matmul rate of this machine under XLA."""
+    a = jax.random.normal(jax.random.key(0), (MATMUL_SIZE, MATMUL_SIZE), jnp.float32)
+    matmul = jax.jit(lambda x: x @ x)
+    seconds = timed(lambda: matmul(a).block_until_ready(), repeats=3)
+    return 2 * MATMUL_SIZE**3 / min(seconds)
+
+
+def _update_flops(config: dict, tokens: int, length: int) -> float:
+    """Forward + backward model FLOPs: 6 * matmul params * tokens plus causal-free attention (PaLM appendix B)."""
+    hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    head_dim = config["head_dim"]
+    q_width, kv_width = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    per_layer = hidden * (2 * q_width + 2 * kv_width) + 3 * hidden * config["intermediate_size"]
+    matmul_params = layers * per_layer + hidden * vocab  # the LM head (tied to the embedding) is a matmul
+    attention = 12 * layers * q_width * length * tokens
+    return 6 * matmul_params * tokens + attention
+
+
+def _torch_step(model, optimizer, tokens, attention_mask, loss_mask, advantages):
+    optimizer.zero_grad(set_to_none=True)
+    logits = model(input_ids=tokens, attention_mask=attention_mask).logits[:, :-1].float()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logp = log_probs.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    ratio = torch.exp(logp - logp.detach())
+    adv = advantages[:, None]
+    per_token = -torch.min(ratio * adv, ratio.clamp(1 - CLIP, 1 + CLIP) * adv)
+    mask = loss_mask[:, 1:]
+    loss = ((per_token * mask).sum(1) / mask.sum(1)).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+    optimizer.step()
+    return loss.item(), (entropy * mask).sum().item()
+
+
+def run() -> Report:
+    model_dir = zoo.smollm2_135m_instruct()
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(3, 49152, size=(BATCH, PROMPT)).tolist()
+    completions = rng.integers(3, 49152, size=(BATCH, COMPLETION)).tolist()
+    sampler_logprobs = (-rng.uniform(0.5, 8.0, size=(BATCH, COMPLETION))).tolist()
+    advantages = rng.normal(size=BATCH).astype(np.float32)
+    batch = build(prompts, completions, sampler_logprobs, advantages, np.repeat(np.arange(2), BATCH // 2),
+                  pad_id=2, length_buckets=(PROMPT + COMPLETION,))
+    n_tokens = BATCH * (PROMPT + COMPLETION)
+
+    learner = Learner(
+        hf_io.load(model_dir),
+        LearnerConfig(
+            loss=LossConfig(clip_low=CLIP, clip_high=CLIP, aggregation="seq-mean-token-mean"),
+            optimizer=OptimizerConfig(learning_rate=LEARNING_RATE, schedule="constant", max_grad_norm=MAX_GRAD_NORM),
+        ),
+    )
+    compile_start = time.perf_counter()
+    learner.update(batch)
+    flax_compile_s = time.perf_counter() - compile_start
+
+    torch_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    optimizer = torch.optim.AdamW(torch_model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    torch_inputs = (
+        torch.as_tensor(batch.tokens, dtype=torch.long),
+        torch.as_tensor(batch.attention_mask, dtype=torch.long),
+        torch.as_tensor(batch.loss_mask, dtype=torch.float32),
+        torch.as_tensor(advantages),
+    )
+
+    # Alternate the engines so both see the same background load on a shared machine.
+    flax_seconds, torch_seconds = [], []
+    for repeat in range(REPEATS):
+        flax_seconds += timed(lambda: learner.update(batch), repeats=1, warmup=0)
+        torch_seconds += timed(lambda: _torch_step(torch_model, optimizer, *torch_inputs), repeats=1,
+                               warmup=1 if repeat == 0 else 0)
+    peak = _matmul_flops_per_s()
+
+    flops = _update_flops(json.loads((model_dir / "config.json").read_text()), n_tokens, PROMPT + COMPLETION)
+    flax_s, torch_s = statistics.median(flax_seconds), statistics.median(torch_seconds)
+    flax_tps, torch_tps = n_tokens / flax_s, n_tokens / torch_s
+    ratio = flax_tps / torch_tps
+    flax_mfu, torch_mfu = flops / flax_s / peak, flops / torch_s / peak
+    rows = [
+        ["flax Learner.update (jax.jit)", flax_s, min(flax_seconds), flax_tps, flax_mfu],
+        ["plain torch eager step", torch_s, min(torch_seconds), torch_tps, torch_mfu],
+    ]
+    return Report(
+        suite="learner",
+        columns=["engine", "median_s", "min_s", "tokens_per_s", "mfu"],
+        rows=rows,
+        figures={
+            "model": "SmolLM2-135M-Instruct",
+            "batch": BATCH,
+            "prompt_tokens": PROMPT,
+            "completion_tokens": COMPLETION,
+            "dtype": "float32",
+            "flax_tokens_per_s": round(flax_tps, 1),
+            "torch_tokens_per_s": round(torch_tps, 1),
+            "flax_over_torch": round(ratio, 3),
+            "goal_flax_over_torch": GOAL_RATIO,
+            "goal_met": ratio >= GOAL_RATIO,
+            "flax_mfu": round(flax_mfu, 4),
+            "torch_mfu": round(torch_mfu, 4),
+            "update_tflops": round(flops / 1e12, 3),
+            "fp32_matmul_gflops_per_s": round(peak / 1e9, 1),
+            "flax_compile_and_first_update_s": round(flax_compile_s, 1),
+            "torch_threads": torch.get_num_threads(),
+        },
+        notes=[
+            f"{BATCH} x ({PROMPT} prompt + {COMPLETION} completion) tokens, fp32, median of {REPEATS} interleaved "
+            f"updates after a warm-up each; flax/torch = {ratio:.3f} (goal >= {GOAL_RATIO}); MFU against the "
+            f"{MATMUL_SIZE}^3 fp32 matmul rate measured in this run ({peak / 1e9:.1f} GFLOP/s)",
+        ],
+    )

@@ -1,0 +1,168 @@
+"""Advantage estimators for group-sampled outcome rewards.
+
+Every estimator maps one scalar reward per completion to one advantage per completion. Completions that answer
+the same prompt share a group id. Each estimator is a plain numpy function registered in `ESTIMATORS`; adding one
+is one function and one registry line. `compute` is the single entry point the training loop uses.
+
+Estimators that need completion lengths declare a keyword-only `lengths` parameter; `compute` passes lengths only
+to those.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Literal
+
+import numpy as np
+
+StdScaling = Literal["group", "batch", "none"]
+
+
+def _group_index(group_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense group index per sample (0..num_groups-1) and the number of groups."""
+    _, index = np.unique(group_ids, return_inverse=True)
+    return index, int(index.max()) + 1
+
+
+def _group_mean(values: np.ndarray, index: np.ndarray, num_groups: int) -> np.ndarray:
+    sums = np.bincount(index, weights=values, minlength=num_groups)
+    counts = np.bincount(index, minlength=num_groups)
+    return (sums / counts)[index]
+
+
+def _group_std(values: np.ndarray, index: np.ndarray, num_groups: int) -> np.ndarray:
+    """Unbiased (ddof=1) standard deviation of each sample's group, as torch.std and TRL use; 0 for singletons."""
+    counts = np.bincount(index, minlength=num_groups)
+    centred = values - _group_mean(values, index, num_groups)
+    squares = np.bincount(index, weights=centred**2, minlength=num_groups)
+    variance = squares / np.maximum(counts - 1, 1)
+    return np.sqrt(variance)[index]
+
+
+def _whiten(values: np.ndarray, eps: float) -> np.ndarray:
+    std = values.std(ddof=1) if values.size > 1 else 0.0
+    return (values - values.mean()) / (std + eps)
+
+
+def grpo(rewards: np.ndarray, group_ids: np.ndarray, *, std_scaling: StdScaling = "group", eps: float = 1e-4):
+    """GRPO (Shao et al. 2024): reward minus its group mean, divided by a standard deviation.
+
+    `std_scaling` picks that deviation: of the group ("group", the original), of the whole batch ("batch",
+    Hu et al. 2025 argue it is less biased towards easy/hard prompts) or none ("none").
+    """
+    index, num_groups = _group_index(group_ids)
+    centred = rewards - _group_mean(rewards, index, num_groups)
+    if std_scaling == "group":
+        return centred / (_group_std(rewards, index, num_groups) + eps)
+    if std_scaling == "batch":
+        std = rewards.std(ddof=1) if rewards.size > 1 else 0.0
+        return centred / (std + eps)
+    if std_scaling == "none":
+        return centred
+    raise ValueError(f"std_scaling must be 'group', 'batch' or 'none', got {std_scaling!r}")
+
+
+def dr_grpo(rewards: np.ndarray, group_ids: np.ndarray):
+    """Dr. GRPO (Liu et al. 2025): reward minus its group mean, with no standard-deviation scaling."""
+    index, num_groups = _group_index(group_ids)
+    return rewards - _group_mean(rewards, index, num_groups)
+
+
+def rloo(rewards: np.ndarray, group_ids: np.ndarray):
+    """RLOO (Ahmadian et al. 2024): reward minus the mean reward of the *other* samples of its group.
+
+    A group of one has no other samples, so its advantage is 0.
+    """
+    index, num_groups = _group_index(group_ids)
+    sums = np.bincount(index, weights=rewards, minlength=num_groups)[index]
+    counts = np.bincount(index, minlength=num_groups)[index]
+    leave_one_out = (sums - rewards) / np.maximum(counts - 1, 1)
+    return np.where(counts > 1, rewards - leave_one_out, 0.0)
+
+
+def reinforce_pp(rewards: np.ndarray, group_ids: np.ndarray, *, eps: float = 1e-8):
+    """REINFORCE++ (Hu 2025) for outcome rewards: rewards whitened over the whole batch (groups ignored)."""
+    del group_ids  # a global baseline: the batch statistics replace per-prompt groups
+    return _whiten(rewards, eps)
+
+
+def reinforce_pp_baseline(rewards: np.ndarray, group_ids: np.ndarray, *, eps: float = 1e-8):
+    """REINFORCE++ with baseline: the group mean is removed first, then the result is whitened over the batch."""
+    return _whiten(dr_grpo(rewards, group_ids), eps)
+
+
+def opo(rewards: np.ndarray, group_ids: np.ndarray, *, lengths: np.ndarray):
+    """OPO (Hao et al. 2025): the optimal baseline for sequence rewards, a length-weighted group mean.
+
+    b_g = sum_i l_i r_i / sum_i l_i over the group, advantage r_i - b_g; it needs completion `lengths`.
+    """
+    index, num_groups = _group_index(group_ids)
+    weighted = np.bincount(index, weights=lengths * rewards, minlength=num_groups)
+    total = np.bincount(index, weights=lengths, minlength=num_groups)
+    if np.any(total <= 0):
+        raise ValueError("opo needs every group to have a positive total completion length")
+    return rewards - (weighted / total)[index]
+
+
+Estimator = Callable[..., np.ndarray]
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "reinforce_pp": reinforce_pp,
+    "reinforce_pp_baseline": reinforce_pp_baseline,
+    "opo": opo,
+}
+
+
+def compute(
+    name: str,
+    rewards,
+    group_ids,
+    *,
+    lengths=None,
+    **options,
+) -> np.ndarray:
+    """Advantages[N] (float32) of estimator `name` for rewards[N] grouped by group_ids[N].
+
+    `options` are the estimator's own keyword arguments (for example `std_scaling="batch"` for grpo).
+    """
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}")
+    rewards = np.asarray(rewards, dtype=np.float64)
+    group_ids = np.asarray(group_ids)
+    if rewards.ndim != 1 or rewards.size == 0:
+        raise ValueError(f"rewards must be a non-empty 1-D array, got shape {rewards.shape}")
+    if group_ids.shape != rewards.shape:
+        raise ValueError(f"group_ids shape {group_ids.shape} != rewards shape {rewards.shape}")
+    if not np.all(np.isfinite(rewards)):
+        raise ValueError("rewards must be finite")
+    estimator = ESTIMATORS[name]
+    if "lengths" in inspect.signature(estimator).parameters:
+        if lengths is None:
+            raise ValueError(f"estimator {name!r} needs completion lengths")
+        lengths = np.asarray(lengths, dtype=np.float64)
+        if lengths.shape != rewards.shape:
+            raise ValueError(f"lengths shape {lengths.shape} != rewards shape {rewards.shape}")
+        options["lengths"] = lengths
+    return np.asarray(estimator(rewards, group_ids, **options), dtype=np.float32)
+
+
+def zero_variance_groups(rewards, group_ids) -> tuple[np.ndarray, int]:
+    """Dynamic sampling (DAPO): which samples to keep, and how many groups were dropped.
+
+    A group whose rewards are all equal gives every member a zero advantage under the group-relative estimators,
+    so it only dilutes the batch; the returned boolean mask keeps the samples of every other group.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    group_ids = np.asarray(group_ids)
+    if group_ids.shape != rewards.shape or rewards.ndim != 1:
+        raise ValueError(f"rewards {rewards.shape} and group_ids {group_ids.shape} must be equal-length 1-D arrays")
+    index, num_groups = _group_index(group_ids)
+    highest = np.full(num_groups, -np.inf)
+    lowest = np.full(num_groups, np.inf)
+    np.maximum.at(highest, index, rewards)
+    np.minimum.at(lowest, index, rewards)
+    constant = highest == lowest
+    return ~constant[index], int(constant.sum())

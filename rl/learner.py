@@ -1,0 +1,280 @@
+"""The learner: a model, its optax optimizer and the jit-compiled GRPO update.
+
+`update(batch)` runs `num_iterations` passes over the batch in mini-batches of `mini_batch_size` sequences, one
+optimizer step per mini-batch. Each mini-batch's gradient is accumulated over micro-batches of `micro_batch_size`
+sequences with `lax.scan`; because every loss is a sum of per-token terms with weights computed on the whole
+mini-batch (`rl.losses.aggregation_weights`), the accumulated gradient equals the full mini-batch gradient whatever
+the split.
+
+Old log-probs (the denominator of the policy ratio) are the learner's own at the weights that sampled the batch:
+with one pass and one mini-batch they are the stop-gradient of the current log-probs (no extra forward pass);
+otherwise `update` computes them once before the first optimizer step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from models.logprobs import token_logprobs
+from models.sharding import batch_sharding, shard_model
+from rl.losses import LossConfig, aggregation_weights, grpo_loss
+from rl.trajectories import Trajectories
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with linear warmup from 0, then a cosine decay to 0 at `total_steps` or a constant rate.
+
+    Steps are optimizer steps: `num_iterations * (batch size / mini_batch_size)` per `Learner.update`.
+    `max_grad_norm` clips the global gradient norm before AdamW (None: no clipping).
+    """
+
+    learning_rate: float = 1e-6
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: Literal["cosine", "constant"] = "cosine"
+    total_steps: int = 1000
+    max_grad_norm: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        if self.learning_rate <= 0:
+            raise ValueError(f"OptimizerConfig.learning_rate must be > 0, got {self.learning_rate}")
+        if not (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0):
+            raise ValueError(f"OptimizerConfig betas must be in [0, 1), got {self.b1}, {self.b2}")
+        if self.weight_decay < 0:
+            raise ValueError(f"OptimizerConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(f"OptimizerConfig.schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+        if self.total_steps < 1 or not 0 <= self.warmup_steps <= self.total_steps:
+            raise ValueError(
+                f"need total_steps >= 1 and 0 <= warmup_steps <= total_steps, got {self.warmup_steps}, "
+                f"{self.total_steps}"
+            )
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"OptimizerConfig.max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+
+    def learning_rate_schedule(self) -> optax.Schedule:
+        if self.schedule == "cosine":
+            return optax.warmup_cosine_decay_schedule(0.0, self.learning_rate, self.warmup_steps, self.total_steps)
+        if self.warmup_steps == 0:
+            return optax.constant_schedule(self.learning_rate)
+        return optax.join_schedules(
+            [optax.linear_schedule(0.0, self.learning_rate, self.warmup_steps),
+             optax.constant_schedule(self.learning_rate)],
+            [self.warmup_steps],
+        )
+
+    def make(self) -> optax.GradientTransformation:
+        adamw = optax.adamw(
+            self.learning_rate_schedule(), b1=self.b1, b2=self.b2, eps=self.eps, weight_decay=self.weight_decay
+        )
+        if self.max_grad_norm is None:
+            return adamw
+        return optax.chain(optax.clip_by_global_norm(self.max_grad_norm), adamw)
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """How `Learner.update` turns a batch into optimizer steps.
+
+    mini_batch_size: sequences per optimizer step (None: the whole batch, one step per pass).
+    micro_batch_size: sequences per forward/backward pass (None: the whole mini-batch); only memory depends on it.
+    logprob_chunk_size: sequence chunk for log-softmax, so [batch, time, vocab] logits never exist whole.
+    temperature: the sampling temperature; log-probs are log_softmax(logits / temperature) as the sampler's are.
+    """
+
+    loss: LossConfig = LossConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    num_iterations: int = 1
+    mini_batch_size: int | None = None
+    micro_batch_size: int | None = None
+    logprob_chunk_size: int = 256
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.num_iterations < 1:
+            raise ValueError(f"LearnerConfig.num_iterations must be >= 1, got {self.num_iterations}")
+        for name in ("mini_batch_size", "micro_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"LearnerConfig.{name} must be >= 1 or None, got {value}")
+        if self.mini_batch_size and self.micro_batch_size and self.mini_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"mini_batch_size {self.mini_batch_size} is not a multiple of micro_batch_size {self.micro_batch_size}"
+            )
+        if self.logprob_chunk_size < 1:
+            raise ValueError(f"LearnerConfig.logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
+        if self.temperature <= 0:
+            raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
+
+
+def _split_rows(tree, parts: int):
+    """[parts * n, ...] -> [parts, n, ...] on every leaf."""
+    return jax.tree.map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), tree)
+
+
+# The jitted functions below take the model's graph definition and the config as static arguments, so every
+# Learner with the same model structure and config shares one compiled program.
+
+
+def _forward(graphdef, params, other_state, tokens, positions, attention_mask, config: LearnerConfig):
+    """Log-probs and entropies [B, T] aligned with `tokens` (column 0 has no predecessor and is 0)."""
+    model = nnx.merge(graphdef, params, other_state)
+    hidden = model(tokens, positions, attention_mask)
+    logprobs, entropy = token_logprobs(
+        model,
+        hidden[:, :-1],
+        tokens[:, 1:],
+        temperature=config.temperature,
+        chunk_size=config.logprob_chunk_size,
+        return_entropy=True,
+    )
+    pad = ((0, 0), (1, 0))
+    return jnp.pad(logprobs, pad), jnp.pad(entropy, pad)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "config", "num_micro_batches"))
+def _batch_logprobs(graphdef, params, other_state, batch: Trajectories, *, config, num_micro_batches):
+    inputs = _split_rows((batch.tokens, batch.positions, batch.attention_mask), num_micro_batches)
+    logprobs = jax.lax.map(lambda micro: _forward(graphdef, params, other_state, *micro, config)[0], inputs)
+    return logprobs.reshape(batch.tokens.shape)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "config", "on_policy"), donate_argnames=("params", "opt_state")
+)
+def _train_step(graphdef, params, other_state, opt_state, batch: Trajectories, ref_logprobs, *, config, on_policy):
+    """One optimizer step on a mini-batch, its gradient accumulated over micro-batches."""
+    token_weights = aggregation_weights(batch.loss_mask, config.loss)
+    num_tokens = jnp.maximum(batch.loss_mask.sum(), 1).astype(jnp.float32)
+    num_micro_batches = batch.batch_size // (config.micro_batch_size or batch.batch_size)
+
+    def micro_loss(params, micro: Trajectories, micro_weights, micro_ref):
+        logprobs, entropy = _forward(
+            graphdef, params, other_state, micro.tokens, micro.positions, micro.attention_mask, config
+        )
+        old_logprobs = jax.lax.stop_gradient(logprobs) if on_policy else micro.old_logprobs
+        return grpo_loss(
+            config.loss,
+            logprobs=logprobs,
+            entropy=entropy,
+            old_logprobs=old_logprobs,
+            sampler_logprobs=micro.sampler_logprobs,
+            ref_logprobs=micro_ref,
+            advantages=micro.advantages,
+            loss_mask=micro.loss_mask,
+            token_weights=micro_weights,
+            num_tokens=num_tokens,
+        )
+
+    def accumulate(grads, micro):
+        (_, metrics), micro_grads = jax.value_and_grad(micro_loss, has_aux=True)(params, *micro)
+        return jax.tree.map(jnp.add, grads, micro_grads), metrics
+
+    micro_batches = _split_rows((batch, token_weights, ref_logprobs), num_micro_batches)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, metrics = jax.lax.scan(accumulate, zeros, micro_batches)
+    metrics = jax.tree.map(lambda x: x.sum(axis=0), metrics)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    updates, opt_state = config.optimizer.make().update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, metrics
+
+
+class Learner:
+    """Owns the live model (what weight sync reads), the optimizer state and the frozen reference (KL only)."""
+
+    def __init__(self, model: nnx.Module, config: LearnerConfig, *, mesh: Mesh | None = None):
+        self.model = model
+        self.config = config
+        self.mesh = mesh
+        if mesh is not None:
+            shard_model(model, mesh)
+        self._graphdef, params, self._other_state = nnx.split(model, nnx.Param, ...)
+        self._learning_rate = config.optimizer.learning_rate_schedule()
+        self.opt_state = config.optimizer.make().init(params)
+        # The reference is a frozen copy of the starting weights, and exists only when the KL term is on.
+        self.reference_params = jax.tree.map(jnp.copy, params) if config.loss.kl_coef else None
+        self.step = 0  # completed `update` calls
+        self.optimizer_step = 0
+
+    @property
+    def params(self) -> nnx.State:
+        return nnx.state(self.model, nnx.Param)
+
+    def load_state(self, *, params, opt_state, reference_params, step: int, optimizer_step: int) -> None:
+        """Replaces the whole training state (what `rl.checkpoint` restores)."""
+        if (reference_params is None) != (self.reference_params is None):
+            raise ValueError("the checkpoint and this learner disagree on whether a KL reference model exists")
+        nnx.update(self.model, params)
+        self.opt_state = opt_state
+        self.reference_params = reference_params
+        self.step = step
+        self.optimizer_step = optimizer_step
+
+    def _place(self, batch: Trajectories) -> Trajectories:
+        if self.mesh is None:
+            return jax.tree.map(jnp.asarray, batch)
+        return jax.device_put(batch, batch_sharding(self.mesh))
+
+    def _num_micro_batches(self, rows: int) -> int:
+        micro = self.config.micro_batch_size or self.config.mini_batch_size or rows
+        if rows % micro:
+            raise ValueError(f"{rows} rows do not split into micro-batches of {micro}")
+        return rows // micro
+
+    def logprobs(self, batch: Trajectories) -> jax.Array:
+        """log_softmax(logits / temperature) of every token under the current weights, [B, T] float32."""
+        return self._logprobs(self.params, self._place(batch))
+
+    def _logprobs(self, params, batch: Trajectories) -> jax.Array:
+        return _batch_logprobs(
+            self._graphdef, params, self._other_state, batch,
+            config=self.config, num_micro_batches=self._num_micro_batches(batch.batch_size),
+        )
+
+    def update(self, batch: Trajectories) -> dict[str, float]:
+        """Optimise on `batch`; returns metrics averaged over this update's optimizer steps."""
+        rows = batch.batch_size
+        mini = self.config.mini_batch_size or rows
+        if rows % mini:
+            raise ValueError(f"batch of {rows} sequences does not split into mini-batches of {mini}")
+        self._num_micro_batches(mini)
+        batch = self._place(batch)
+        on_policy = self.config.num_iterations == 1 and mini == rows
+        if not on_policy:
+            batch = batch.replace(old_logprobs=self.logprobs(batch))
+        ref_logprobs = None
+        if self.reference_params is not None:
+            ref_logprobs = self._logprobs(self.reference_params, batch)
+        params, opt_state = self.params, self.opt_state
+        step_metrics, learning_rates = [], []
+        for _ in range(self.config.num_iterations):
+            for start in range(0, rows, mini):
+                rows_slice = slice(start, start + mini)
+                learning_rates.append(float(self._learning_rate(self.optimizer_step)))
+                mini_ref = None if ref_logprobs is None else ref_logprobs[rows_slice]
+                # params and opt_state are donated: XLA updates their buffers in place.
+                params, opt_state, metrics = _train_step(
+                    self._graphdef, params, self._other_state, opt_state, batch.rows(rows_slice), mini_ref,
+                    config=self.config, on_policy=on_policy,
+                )
+                nnx.update(self.model, params)
+                self.opt_state = opt_state
+                self.optimizer_step += 1
+                step_metrics.append(metrics)
+        self.step += 1
+        step_metrics = jax.device_get(step_metrics)
+        averaged = {name: float(np.mean([m[name] for m in step_metrics])) for name in step_metrics[0]}
+        return averaged | {"lr": float(np.mean(learning_rates)), "optimizer_steps": float(len(step_metrics))}

@@ -1,0 +1,241 @@
+"""The GRPO objective as pure functions of [batch, time] arrays.
+
+Conventions: every per-token array is aligned with the token it scores (`logprobs[b, t]` is the log-probability
+of `tokens[b, t]`); `loss_mask` marks completion tokens that train. The loss is always
+
+    sum over tokens of token_weight * per_token_term,
+
+where `aggregation_weights` computes the weights from the loss mask *of the whole mini-batch* (its token and
+sequence counts). Splitting a mini-batch into micro-batches and summing their losses is then exact: each micro-batch
+contributes its own per-token terms with the global weights.
+
+Helpers come first; `grpo_loss` at the bottom composes the whole objective on one screen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, get_args
+
+import jax
+import jax.numpy as jnp
+
+PolicyLoss = Literal["ppo", "gspo", "cispo"]
+Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KLEstimator = Literal["k1", "k2", "k3", "k1+", "k2+", "k3+"]
+MismatchCorrection = Literal["none", "tis-token", "tis-seq", "mask-token", "mask-seq"]
+
+_POLICY_LOSSES = get_args(PolicyLoss)
+_AGGREGATIONS = get_args(Aggregation)
+_KL_ESTIMATORS = get_args(KLEstimator)
+_MISMATCH_CORRECTIONS = get_args(MismatchCorrection)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Every choice in the objective.
+
+    policy_loss: "ppo" (token ratio, clipped), "gspo" (sequence ratio = exp of the mean token log-ratio, clipped;
+        Zheng et al. 2025) or "cispo" (REINFORCE on log-probs weighted by the clipped, stop-gradient ratio;
+        MiniMax-M1 2025).
+    clip_low, clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_high > clip_low is DAPO's
+        clip-higher. For "gspo" use the paper's small values (about 3e-4, 4e-4).
+    dual_clip: None, or c > 1: for negative advantages the PPO loss is capped at -c * A (Ye et al. 2020).
+    aggregation: how per-token terms become one number.
+        "token-mean": sum / tokens in the mini-batch (DAPO, TRL "dapo"/"bnpo").
+        "seq-mean-token-mean": mean over sequences of each sequence's token mean (original GRPO, TRL "grpo").
+        "seq-mean-token-sum": mean over sequences of each sequence's token sum.
+        "seq-mean-token-sum-norm": token sum / (sequences * norm_length) (Dr. GRPO, TRL "dr_grpo").
+    norm_length: the constant length of "seq-mean-token-sum-norm", normally the maximum completion length.
+    kl_coef, kl_estimator: KL(policy || reference) penalty per token, with r = pi_ref / pi at the sampled token:
+        "k1" = -log r, "k2" = (log r)^2 / 2, "k3" = r - 1 - log r (Schulman 2020). A "+" suffix is the
+        straight-through variant: the estimator's value with the gradient of k2, whose expectation is the KL's
+        gradient.
+    entropy_coef: weight of the entropy bonus (subtracted from the loss).
+    mismatch_correction: corrects for the sampler's log-probs differing from the learner's at the same weights,
+        with w = pi_learner_old / pi_sampler: "tis-token" multiplies each token by min(w_t, cap), "tis-seq" each
+        sequence by min(prod_t w_t, cap) (truncated importance sampling, Yao et al. 2025); "mask-token" drops tokens
+        with w_t outside [1/cap, cap], "mask-seq" drops sequences whose geometric-mean w is outside [1/cap, cap].
+    """
+
+    policy_loss: PolicyLoss = "ppo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    aggregation: Aggregation = "seq-mean-token-mean"
+    norm_length: int | None = None
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+    entropy_coef: float = 0.0
+    mismatch_correction: MismatchCorrection = "none"
+    mismatch_cap: float = 2.0
+
+    def __post_init__(self) -> None:
+        def check_choice(name: str, choices: tuple[str, ...]) -> None:
+            if getattr(self, name) not in choices:
+                raise ValueError(f"LossConfig.{name} must be one of {choices}, got {getattr(self, name)!r}")
+
+        check_choice("policy_loss", _POLICY_LOSSES)
+        check_choice("aggregation", _AGGREGATIONS)
+        check_choice("kl_estimator", _KL_ESTIMATORS)
+        check_choice("mismatch_correction", _MISMATCH_CORRECTIONS)
+        if not 0.0 <= self.clip_low < 1.0:
+            raise ValueError(f"LossConfig.clip_low must be in [0, 1), got {self.clip_low}")
+        if self.clip_high < 0.0:
+            raise ValueError(f"LossConfig.clip_high must be >= 0, got {self.clip_high}")
+        if self.dual_clip is not None and (self.policy_loss != "ppo" or self.dual_clip <= 1.0):
+            raise ValueError(f"LossConfig.dual_clip needs policy_loss='ppo' and a value > 1, got {self.dual_clip}")
+        if self.aggregation == "seq-mean-token-sum-norm" and (self.norm_length is None or self.norm_length < 1):
+            raise ValueError("aggregation 'seq-mean-token-sum-norm' needs norm_length >= 1 (the max completion length)")
+        if self.kl_coef < 0.0 or self.entropy_coef < 0.0:
+            raise ValueError(f"kl_coef and entropy_coef must be >= 0, got {self.kl_coef}, {self.entropy_coef}")
+        if self.mismatch_cap <= 1.0:
+            raise ValueError(f"LossConfig.mismatch_cap must be > 1, got {self.mismatch_cap}")
+
+
+def aggregation_weights(loss_mask: jax.Array, config: LossConfig) -> jax.Array:
+    """Per-token weights [B, T] such that sum(weights * per_token_term) is the configured aggregation.
+
+    Call this on the whole mini-batch. Sequences without any loss token (batch padding) do not count.
+    """
+    mask = loss_mask.astype(jnp.float32)
+    tokens_per_sequence = mask.sum(axis=1, keepdims=True)
+    num_sequences = jnp.maximum((tokens_per_sequence > 0).sum(), 1)
+    if config.aggregation == "token-mean":
+        return mask / jnp.maximum(mask.sum(), 1.0)
+    if config.aggregation == "seq-mean-token-sum":
+        return mask / num_sequences
+    if config.aggregation == "seq-mean-token-mean":
+        return mask / (jnp.maximum(tokens_per_sequence, 1.0) * num_sequences)
+    return mask / (num_sequences * config.norm_length)
+
+
+def masked_sequence_mean(values: jax.Array, loss_mask: jax.Array) -> jax.Array:
+    """Mean of `values` over each sequence's loss tokens, shape [B, 1]."""
+    mask = loss_mask.astype(values.dtype)
+    return (values * mask).sum(axis=1, keepdims=True) / jnp.maximum(mask.sum(axis=1, keepdims=True), 1.0)
+
+
+def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: KLEstimator) -> jax.Array:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1, k2, k3; "+" = straight-through)."""
+    log_ratio = ref_logprobs - logprobs
+    k2 = 0.5 * log_ratio**2
+    if estimator in ("k1", "k1+"):
+        value = -log_ratio
+    elif estimator in ("k2", "k2+"):
+        value = k2
+    else:
+        value = jnp.exp(log_ratio) - 1.0 - log_ratio
+    if estimator.endswith("+"):
+        return k2 - jax.lax.stop_gradient(k2) + jax.lax.stop_gradient(value)
+    return value
+
+
+def policy_gradient_terms(
+    logprobs: jax.Array,
+    old_logprobs: jax.Array,
+    advantages: jax.Array,
+    loss_mask: jax.Array,
+    config: LossConfig,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Per-token policy loss [B, T] and boolean per-token clip indicators for metrics."""
+    # Masked positions may hold arbitrary log-probs; zero their log-ratio so exp() cannot overflow into NaN.
+    log_ratio = jnp.where(loss_mask, logprobs - old_logprobs, 0.0)
+    if config.policy_loss == "gspo":
+        sequence_log_ratio = masked_sequence_mean(log_ratio, loss_mask)
+        log_ratio = jnp.broadcast_to(sequence_log_ratio, log_ratio.shape)
+    ratio = jnp.exp(log_ratio)
+    clipped_ratio = jnp.clip(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high)
+    if config.policy_loss == "cispo":
+        # CISPO keeps every token's gradient; the clipped ratio is only a weight.
+        loss = -jax.lax.stop_gradient(clipped_ratio) * advantages * logprobs
+        return loss, {"clip/high": ratio > 1.0 + config.clip_high, "clip/low": ratio < 1.0 - config.clip_low}
+    loss = jnp.maximum(-advantages * ratio, -advantages * clipped_ratio)
+    clips = {
+        "clip/high": (ratio > 1.0 + config.clip_high) & (advantages > 0),
+        "clip/low": (ratio < 1.0 - config.clip_low) & (advantages < 0),
+    }
+    if config.dual_clip is not None:
+        dual_bound = -advantages * config.dual_clip
+        clips["clip/dual"] = (advantages < 0) & (loss > dual_bound)
+        loss = jnp.where(advantages < 0, jnp.minimum(loss, dual_bound), loss)
+    return loss, clips
+
+
+def mismatch_weights(
+    old_logprobs: jax.Array, sampler_logprobs: jax.Array, loss_mask: jax.Array, config: LossConfig
+) -> jax.Array:
+    """Stop-gradient per-token weights [B, T] correcting for sampler/learner mismatch (ones when "none")."""
+    log_w = jnp.where(loss_mask, old_logprobs - sampler_logprobs, 0.0)
+    log_cap = jnp.log(config.mismatch_cap)
+    kind = config.mismatch_correction
+    if kind == "none":
+        weights = jnp.ones_like(log_w)
+    elif kind == "tis-token":
+        weights = jnp.exp(jnp.minimum(log_w, log_cap))
+    elif kind == "tis-seq":
+        sequence_log_w = log_w.sum(axis=1, keepdims=True)
+        weights = jnp.broadcast_to(jnp.exp(jnp.minimum(sequence_log_w, log_cap)), log_w.shape)
+    elif kind == "mask-token":
+        weights = (jnp.abs(log_w) <= log_cap).astype(log_w.dtype)
+    else:
+        sequence_log_w = masked_sequence_mean(log_w, loss_mask)
+        weights = jnp.broadcast_to((jnp.abs(sequence_log_w) <= log_cap).astype(log_w.dtype), log_w.shape)
+    return jax.lax.stop_gradient(weights)
+
+
+def grpo_loss(
+    config: LossConfig,
+    *,
+    logprobs: jax.Array,
+    entropy: jax.Array,
+    old_logprobs: jax.Array,
+    sampler_logprobs: jax.Array,
+    ref_logprobs: jax.Array | None,
+    advantages: jax.Array,
+    loss_mask: jax.Array,
+    token_weights: jax.Array,
+    num_tokens: jax.Array,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The whole objective on one micro-batch: (loss, metrics), each a sum over this micro-batch's tokens.
+
+    `token_weights` come from `aggregation_weights` and `num_tokens` is the loss-token count, both of the whole
+    mini-batch, so summing loss and metrics over micro-batches gives the mini-batch values exactly. Metrics other
+    than the loss parts are token means over the mini-batch.
+    """
+    # Padding positions may hold anything; zero them so no exp() there can overflow into inf * 0 = NaN.
+    logprobs, entropy, old_logprobs, sampler_logprobs = (
+        jnp.where(loss_mask, x, 0.0) for x in (logprobs, entropy, old_logprobs, sampler_logprobs)
+    )
+    if ref_logprobs is not None:
+        ref_logprobs = jnp.where(loss_mask, ref_logprobs, 0.0)
+    policy, clips = policy_gradient_terms(logprobs, old_logprobs, advantages, loss_mask, config)
+    correction = mismatch_weights(old_logprobs, sampler_logprobs, loss_mask, config)
+    per_token = correction * policy
+    parts = {"loss/policy": jnp.sum(token_weights * per_token)}
+    if config.kl_coef:
+        kl = kl_penalty(logprobs, ref_logprobs, config.kl_estimator)
+        per_token = per_token + config.kl_coef * kl
+        parts["loss/kl"] = config.kl_coef * jnp.sum(token_weights * kl)
+    if config.entropy_coef:
+        per_token = per_token - config.entropy_coef * entropy
+        parts["loss/entropy"] = -config.entropy_coef * jnp.sum(token_weights * entropy)
+    loss = jnp.sum(token_weights * per_token)
+
+    def token_mean(values: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.where(loss_mask, values, 0.0)) / num_tokens
+
+    sampler_log_ratio = old_logprobs - sampler_logprobs
+    metrics = {
+        "loss": loss,
+        **parts,
+        **{name: token_mean(hit.astype(jnp.float32)) for name, hit in clips.items()},
+        "entropy": token_mean(entropy),
+        "ratio": token_mean(jnp.exp(logprobs - old_logprobs)),
+        "mismatch/k3": token_mean(jnp.exp(sampler_log_ratio) - 1.0 - sampler_log_ratio),
+        "mismatch/abs_logprob_diff": token_mean(jnp.abs(sampler_log_ratio)),
+        "mismatch/weight": token_mean(correction),
+    }
+    if config.kl_coef:
+        metrics["kl"] = token_mean(kl_penalty(logprobs, ref_logprobs, "k3"))
+    return loss, metrics

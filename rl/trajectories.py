@@ -1,0 +1,127 @@
+"""The learner's batch: sampled completions as padded [batch, time] arrays, built from the generator's token ids.
+
+Row layout: the prompt left-padded to the longest prompt of the batch, the completion right after it, then
+right padding up to a bucketed length:
+
+    [pad pad p0 p1 p2 | c0 c1 c2 pad pad ... pad]
+
+Real tokens are contiguous, so positions are simply 0, 1, 2, ... from the first real token. Every per-token array
+is aligned with `tokens`: `sampler_logprobs[b, t]` is the sampler's log-probability of `tokens[b, t]`.
+Padding the time axis to one of a few `length_buckets` keeps the set of shapes small, so jit compiles a handful of
+programs instead of one per step.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import numpy as np
+from flax import struct
+
+DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@struct.dataclass
+class Trajectories:
+    """A pytree of arrays; per-token arrays are [batch, time], `group_ids` is [batch] (one prompt id per row).
+
+    `old_logprobs` holds the learner's log-probs at sampling time; `build` fills it with the sampler's, and
+    `Learner.update` replaces it with its own before optimising.
+    """
+
+    tokens: jax.Array  # int32
+    positions: jax.Array  # int32
+    attention_mask: jax.Array  # bool: real (non-padding) tokens
+    loss_mask: jax.Array  # bool: completion tokens that train
+    old_logprobs: jax.Array  # float32
+    sampler_logprobs: jax.Array  # float32
+    advantages: jax.Array  # float32, the sequence's advantage on each of its tokens
+    group_ids: jax.Array  # int32 [batch]
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[1]
+
+    def rows(self, index) -> "Trajectories":
+        """The sub-batch of the given rows (a slice or an index array)."""
+        return jax.tree.map(lambda array: array[index], self)
+
+
+def bucket_length(length: int, length_buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `length` tokens."""
+    for bucket in sorted(length_buckets):
+        if bucket >= length:
+            return bucket
+    raise ValueError(
+        f"a sequence of {length} tokens is longer than the largest length bucket {max(length_buckets)}; "
+        "add a larger bucket (prompt length + max_new_tokens)"
+    )
+
+
+def build(
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    sampler_logprobs: Sequence[Sequence[float]],
+    advantages,
+    group_ids,
+    *,
+    pad_id: int,
+    length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+) -> Trajectories:
+    """Pad generator output into a `Trajectories` batch (numpy on the host; jit moves it to devices).
+
+    prompt_ids[i], completion_ids[i] and sampler_logprobs[i] are row i's token ids and per-completion-token
+    log-probs exactly as the generator produced them; advantages[i] and group_ids[i] are per row.
+    """
+    batch = len(prompt_ids)
+    if batch == 0:
+        raise ValueError("cannot build an empty batch")
+    advantages = np.asarray(advantages, dtype=np.float32)
+    group_ids = np.asarray(group_ids, dtype=np.int32)
+    for name, values in (("completion_ids", completion_ids), ("sampler_logprobs", sampler_logprobs)):
+        if len(values) != batch:
+            raise ValueError(f"{batch} prompts but {len(values)} {name}")
+    for name, values in (("advantages", advantages), ("group_ids", group_ids)):
+        if values.shape != (batch,):
+            raise ValueError(f"{name} must have shape ({batch},), got {values.shape}")
+    if not np.all(np.isfinite(advantages)):
+        raise ValueError("advantages must be finite")
+    for row, (prompt, completion, logprobs) in enumerate(zip(prompt_ids, completion_ids, sampler_logprobs)):
+        if not prompt:
+            raise ValueError(f"row {row}: empty prompt (the first completion token needs a token to predict it)")
+        if len(completion) != len(logprobs):
+            raise ValueError(f"row {row}: {len(completion)} completion tokens but {len(logprobs)} log-probs")
+
+    prompt_width = max(len(p) for p in prompt_ids)
+    completion_width = max(len(c) for c in completion_ids)
+    length = bucket_length(prompt_width + completion_width, length_buckets)
+
+    tokens = np.full((batch, length), pad_id, dtype=np.int32)
+    positions = np.zeros((batch, length), dtype=np.int32)
+    attention_mask = np.zeros((batch, length), dtype=bool)
+    loss_mask = np.zeros((batch, length), dtype=bool)
+    logprobs = np.zeros((batch, length), dtype=np.float32)
+    for row, (prompt, completion, row_logprobs) in enumerate(zip(prompt_ids, completion_ids, sampler_logprobs)):
+        start = prompt_width - len(prompt)
+        end = prompt_width + len(completion)
+        tokens[row, start:prompt_width] = prompt
+        tokens[row, prompt_width:end] = completion
+        positions[row, start:end] = np.arange(end - start)
+        attention_mask[row, start:end] = True
+        loss_mask[row, prompt_width:end] = True
+        logprobs[row, prompt_width:end] = row_logprobs
+    return Trajectories(
+        tokens=tokens,
+        positions=positions,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        old_logprobs=logprobs.copy(),
+        sampler_logprobs=logprobs,
+        advantages=np.where(loss_mask, advantages[:, None], 0.0).astype(np.float32),
+        group_ids=group_ids,
+    )

@@ -1,0 +1,232 @@
+"""The Learner on tiny random models: log-probs, exact micro-batching, sharding, resume, and a toy bandit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models.config import ModelConfig
+from models.sharding import make_mesh
+from models.testing import tiny_config
+from models.transformer import Transformer
+from rl import advantages
+from rl.checkpoint import Checkpointer
+from rl.learner import Learner, LearnerConfig, OptimizerConfig
+from rl.losses import LossConfig
+from rl.trajectories import build
+
+# One layer keeps compilation, which dominates these tests on a CPU, short.
+CONFIG = ModelConfig.from_hf(tiny_config("llama", num_hidden_layers=1))
+
+
+def _model(seed: int = 0, config: ModelConfig = CONFIG) -> Transformer:
+    return Transformer(config, rngs=nnx.Rngs(seed))
+
+
+def _random_batch(seed: int, rows: int = 8):
+    rng = np.random.default_rng(seed)
+    prompts = [list(rng.integers(3, 250, size=rng.integers(2, 7))) for _ in range(rows)]
+    completions = [list(rng.integers(3, 250, size=rng.integers(1, 9))) for _ in range(rows)]
+    sampler = [list(-rng.uniform(3.0, 8.0, size=len(c))) for c in completions]
+    group_ids = np.repeat(np.arange(rows // 4), 4)
+    rewards = rng.integers(0, 2, size=rows).astype(np.float64)
+    adv = advantages.compute("grpo", rewards, group_ids)
+    return build(prompts, completions, sampler, adv, group_ids, pad_id=0, length_buckets=(16,))
+
+
+def _params_of(learner: Learner) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(learner.params)]
+
+
+def test_logprobs_of_padded_rows_equal_unpadded_sequences():
+    model = _model()
+    batch = _random_batch(0)
+    learner = Learner(model, LearnerConfig(temperature=0.7, logprob_chunk_size=5, micro_batch_size=4))
+    got = np.asarray(learner.logprobs(batch))
+
+    @nnx.jit
+    def unpadded_logprobs(model, tokens):
+        hidden = model(tokens, jnp.arange(tokens.shape[1])[None], jnp.ones_like(tokens, dtype=bool))
+        logits = model.logits(hidden)[0, :-1] / 0.7
+        return jax.nn.log_softmax(logits)[jnp.arange(tokens.shape[1] - 1), tokens[0, 1:]]
+
+    for row in (0, 3, 5):
+        real = np.nonzero(batch.attention_mask[row])[0]
+        expected = unpadded_logprobs(model, jnp.asarray(batch.tokens[row, real])[None])
+        np.testing.assert_allclose(got[row, real[1:]], np.asarray(expected), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_iterations, mini_batch_size", [(1, None), (2, 4)])
+def test_micro_batch_split_does_not_change_parameters(num_iterations, mini_batch_size):
+    rows = 8
+    mini = mini_batch_size or rows
+    batch = _random_batch(1, rows)
+    loss = LossConfig(kl_coef=0.05, entropy_coef=0.01, clip_high=0.28, mismatch_correction="tis-token")
+    results = []
+    for micro_batches in (1, 2, 4):
+        config = LearnerConfig(
+            loss=loss,
+            # Adam divides each coordinate by its own scale, so for coordinates whose gradient is near eps (common
+            # in a tiny random model) fp32 rounding of the gradient moves the parameter by up to ~lr * 1e-2.
+            optimizer=OptimizerConfig(learning_rate=1e-4, total_steps=10),
+            num_iterations=num_iterations,
+            mini_batch_size=mini_batch_size,
+            micro_batch_size=mini // micro_batches,
+        )
+        learner = Learner(_model(), config)
+        metrics = [learner.update(batch) for _ in range(2)]
+        results.append((_params_of(learner), metrics))
+    reference_params, reference_metrics = results[0]
+    assert reference_metrics[1]["kl"] > 0 and reference_metrics[0]["optimizer_steps"] == num_iterations * rows // mini
+    for params, metrics in results[1:]:
+        for a, b in zip(reference_params, params):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+        for key in ("loss", "kl", "entropy", "grad_norm", "mismatch/k3"):
+            np.testing.assert_allclose(metrics[1][key], reference_metrics[1][key], rtol=1e-5, atol=1e-7)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(reference_params, _params_of(Learner(_model(), config))))
+    assert moved > 5e-5  # the updates did change the parameters
+
+
+def test_sharded_update_matches_single_device():
+    batch = _random_batch(2)
+    config = LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-3), micro_batch_size=4)
+    single = Learner(_model(), config)
+    sharded = Learner(_model(), config, mesh=make_mesh(fsdp=2, tp=2))
+    for _ in range(2):
+        single_metrics = single.update(batch)
+        sharded_metrics = sharded.update(batch)
+    np.testing.assert_allclose(sharded_metrics["loss"], single_metrics["loss"], rtol=1e-4, atol=1e-6)
+    for a, b in zip(_params_of(single), _params_of(sharded)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    kernel = sharded.model.layers[0].mlp.up_proj.kernel[...]
+    assert len(kernel.sharding.device_set) == 4
+
+
+def test_reference_model_exists_only_with_kl():
+    assert Learner(_model(), LearnerConfig()).reference_params is None
+    with_kl = Learner(_model(), LearnerConfig(loss=LossConfig(kl_coef=0.1)))
+    assert with_kl.reference_params is not None
+    with_kl.update(_random_batch(3))
+    # The reference stays at the starting weights while the policy moves.
+    reference = [np.asarray(x) for x in jax.tree.leaves(with_kl.reference_params)]
+    for a, b in zip(reference, _params_of(Learner(_model(), LearnerConfig()))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resumed_run_is_bit_identical(tmp_path):
+    config = LearnerConfig(
+        loss=LossConfig(kl_coef=0.05),
+        optimizer=OptimizerConfig(learning_rate=1e-3, warmup_steps=2, total_steps=8),
+        num_iterations=2,
+        mini_batch_size=4,
+    )
+
+    def run(learner, key, start, stop, checkpointer=None):
+        for step in range(start, stop):
+            key, batch_key = jax.random.split(key)
+            learner.update(_random_batch(int(jax.random.randint(batch_key, (), 0, 10_000))))
+            if checkpointer is not None:
+                checkpointer.save(step + 1, learner, key, {"data_position": step + 1})
+        return key
+
+    uninterrupted = Learner(_model(), config)
+    run(uninterrupted, jax.random.key(7), 0, 4)
+
+    checkpointer = Checkpointer(tmp_path / "ckpt", keep=2)
+    assert checkpointer.restore(Learner(_model(), config)) is None
+    run(Learner(_model(), config), jax.random.key(7), 0, 2, checkpointer)
+    checkpointer.close()
+
+    resumed = Learner(_model(seed=123), config)  # different init: everything must come from the checkpoint
+    step, key, loop_state = Checkpointer(tmp_path / "ckpt", keep=2).restore(resumed)
+    assert (step, loop_state, resumed.step, resumed.optimizer_step) == (2, {"data_position": 2}, 2, 8)
+    run(resumed, key, step, 4)
+    for a, b in zip(_params_of(uninterrupted), _params_of(resumed)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(jax.tree.leaves(uninterrupted.opt_state), jax.tree.leaves(resumed.opt_state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_checkpointer_keeps_only_the_last_n(tmp_path):
+    learner = Learner(_model(), LearnerConfig())
+    checkpointer = Checkpointer(tmp_path, keep=2)
+    for step in (1, 2, 3):
+        checkpointer.save(step, learner, jax.random.PRNGKey(step), {})
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["2", "3"]
+    step, key, _ = checkpointer.restore(learner)
+    assert step == 3
+    np.testing.assert_array_equal(key, jax.random.PRNGKey(3))
+
+
+def _sample_first_tokens(model, prompts, key, group_size):
+    """Samples one token per rollout from the model itself; returns tokens and their log-probs."""
+    tokens = jnp.asarray(prompts, jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    hidden = model(tokens, positions, jnp.ones_like(tokens, dtype=bool))
+    log_probs = jax.nn.log_softmax(model.logits(hidden[:, -1]).astype(jnp.float32))
+    log_probs = jnp.repeat(log_probs, group_size, axis=0)
+    sampled = jax.random.categorical(key, log_probs)
+    return np.asarray(sampled), np.asarray(jnp.take_along_axis(log_probs, sampled[:, None], axis=1)[:, 0]), log_probs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
+def test_toy_bandit_learns_the_rewarded_token(estimator):
+    vocab, target, group_size = 16, 11, 16
+    model = _model(seed=1, config=CONFIG.replace(vocab_size=vocab))
+    prompts = [[1, 5, 7], [1, 9, 3]]
+    config = LearnerConfig(
+        optimizer=OptimizerConfig(learning_rate=3e-3, schedule="constant", total_steps=100),
+        loss=LossConfig(aggregation="token-mean"),
+    )
+    learner = Learner(model, config)
+    key = jax.random.key(0)
+    expected_rewards = []
+    for _ in range(60):
+        key, sample_key = jax.random.split(key)
+        sampled, logprobs, all_log_probs = _sample_first_tokens(learner.model, prompts, sample_key, group_size)
+        expected_rewards.append(float(np.exp(all_log_probs[:, target]).mean()))
+        if expected_rewards[-1] > 0.9:
+            break
+        rewards = (sampled == target).astype(np.float64)
+        group_ids = np.repeat(np.arange(len(prompts)), group_size)
+        adv = advantages.compute(estimator, rewards, group_ids)
+        batch = build(
+            [prompts[g] for g in group_ids], [[int(t)] for t in sampled], [[float(lp)] for lp in logprobs],
+            adv, group_ids, pad_id=0, length_buckets=(8,),
+        )
+        learner.update(batch)
+    assert expected_rewards[0] < 0.2
+    assert expected_rewards[-1] > 0.9, expected_rewards
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: LearnerConfig(num_iterations=0), "num_iterations"),
+        (lambda: LearnerConfig(mini_batch_size=6, micro_batch_size=4), "multiple"),
+        (lambda: LearnerConfig(micro_batch_size=0), "micro_batch_size"),
+        (lambda: LearnerConfig(temperature=0.0), "temperature"),
+        (lambda: OptimizerConfig(learning_rate=0.0), "learning_rate"),
+        (lambda: OptimizerConfig(schedule="linear"), "schedule"),
+        (lambda: OptimizerConfig(warmup_steps=20, total_steps=10), "warmup_steps"),
+        (lambda: OptimizerConfig(max_grad_norm=0.0), "max_grad_norm"),
+    ],
+)
+def test_bad_config_is_rejected(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_batch_that_does_not_split_is_rejected():
+    learner = Learner(_model(), LearnerConfig(mini_batch_size=3))
+    with pytest.raises(ValueError, match="mini-batches"):
+        learner.update(_random_batch(0))
+
+
+def test_learning_rate_schedules():
+    cosine = OptimizerConfig(learning_rate=1.0, warmup_steps=2, total_steps=10).learning_rate_schedule()
+    np.testing.assert_allclose([float(cosine(s)) for s in (0, 1, 2, 6, 10)], [0, 0.5, 1, 0.5, 0], atol=1e-6)
+    constant = OptimizerConfig(learning_rate=1.0, warmup_steps=4, schedule="constant").learning_rate_schedule()
+    np.testing.assert_allclose([float(constant(s)) for s in (0, 2, 4, 500)], [0, 0.5, 1, 1], atol=1e-6)

@@ -1,0 +1,80 @@
+"""Building the padded learner batch from generator token ids."""
+
+import jax
+import numpy as np
+import pytest
+
+from rl.trajectories import Trajectories, bucket_length, build
+
+
+def _example():
+    return build(
+        prompt_ids=[[5, 6, 7], [8]],
+        completion_ids=[[9, 10], [11, 12, 13, 14]],
+        sampler_logprobs=[[-0.5, -1.5], [-0.1, -0.2, -0.3, -0.4]],
+        advantages=[1.0, -2.0],
+        group_ids=[3, 3],
+        pad_id=0,
+        length_buckets=(4, 8, 16),
+    )
+
+
+def test_layout_is_left_padded_prompt_then_completion_then_bucket_padding():
+    batch = _example()
+    # prompt width 3, completion width 4 -> 7 tokens -> bucket 8
+    np.testing.assert_array_equal(batch.tokens, [[5, 6, 7, 9, 10, 0, 0, 0], [0, 0, 8, 11, 12, 13, 14, 0]])
+    np.testing.assert_array_equal(batch.positions, [[0, 1, 2, 3, 4, 0, 0, 0], [0, 0, 0, 1, 2, 3, 4, 0]])
+    np.testing.assert_array_equal(batch.attention_mask, [[1, 1, 1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1, 1, 0]])
+    np.testing.assert_array_equal(batch.loss_mask, [[0, 0, 0, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1, 1, 0]])
+    np.testing.assert_allclose(batch.sampler_logprobs[0], [0, 0, 0, -0.5, -1.5, 0, 0, 0])
+    np.testing.assert_allclose(batch.sampler_logprobs[1], [0, 0, 0, -0.1, -0.2, -0.3, -0.4, 0])
+    np.testing.assert_allclose(batch.old_logprobs, batch.sampler_logprobs)
+    np.testing.assert_allclose(batch.advantages[0], [0, 0, 0, 1, 1, 0, 0, 0])
+    np.testing.assert_allclose(batch.advantages[1], [0, 0, 0, -2, -2, -2, -2, 0])
+    np.testing.assert_array_equal(batch.group_ids, [3, 3])
+    assert batch.tokens.dtype == np.int32 and batch.positions.dtype == np.int32
+
+
+def test_is_a_pytree_and_rows_select_sub_batches():
+    batch = _example()
+    leaves = jax.tree.leaves(batch)
+    assert len(leaves) == 8
+    doubled = jax.tree.map(lambda x: x * 2, batch)
+    assert isinstance(doubled, Trajectories)
+    second = batch.rows(slice(1, 2))
+    assert second.batch_size == 1 and second.length == 8
+    np.testing.assert_array_equal(second.tokens, batch.tokens[1:2])
+
+
+def test_lengths_snap_to_buckets():
+    assert bucket_length(5, (4, 8, 16)) == 8
+    assert bucket_length(8, (16, 8)) == 8
+    with pytest.raises(ValueError, match="largest length bucket"):
+        bucket_length(17, (4, 8, 16))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(prompt_ids=[[], [8]]), "empty prompt"),
+        (dict(sampler_logprobs=[[-0.5], [-0.1, -0.2, -0.3, -0.4]]), "log-probs"),
+        (dict(completion_ids=[[9, 10]]), "completion_ids"),
+        (dict(advantages=[1.0]), "advantages"),
+        (dict(advantages=[1.0, np.inf]), "finite"),
+        (dict(group_ids=[[3, 3]]), "group_ids"),
+        (dict(length_buckets=(4,)), "largest length bucket"),
+    ],
+)
+def test_bad_input_is_rejected(changes, message):
+    arguments = dict(
+        prompt_ids=[[5, 6, 7], [8]],
+        completion_ids=[[9, 10], [11, 12, 13, 14]],
+        sampler_logprobs=[[-0.5, -1.5], [-0.1, -0.2, -0.3, -0.4]],
+        advantages=[1.0, -2.0],
+        group_ids=[3, 3],
+        pad_id=0,
+        length_buckets=(8, 16),
+    )
+    arguments.update(changes)
+    with pytest.raises(ValueError, match=message):
+        build(**arguments)
