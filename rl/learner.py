@@ -129,26 +129,30 @@ def _split_rows(tree, parts: int):
 # Learner with the same model structure and config shares one compiled program.
 
 
-def _forward(graphdef, params, other_state, tokens, positions, attention_mask, config: LearnerConfig):
-    """Log-probs and entropies [B, T] aligned with `tokens` (column 0 has no predecessor and is 0)."""
+def _forward(graphdef, params, other_state, tokens, positions, attention_mask, completion_start: int, config):
+    """Log-probs and entropies [B, T] aligned with `tokens`. Columns before `completion_start` carry no loss: they
+    are 0, and their vocabulary logits are never computed (column 0 has no predecessor anyway)."""
     model = nnx.merge(graphdef, params, other_state)
     hidden = model(tokens, positions, attention_mask)
+    start = max(completion_start, 1)
     logprobs, entropy = token_logprobs(
         model,
-        hidden[:, :-1],
-        tokens[:, 1:],
+        hidden[:, start - 1 : -1],
+        tokens[:, start:],
         temperature=config.temperature,
         chunk_size=config.logprob_chunk_size,
         return_entropy=True,
     )
-    pad = ((0, 0), (1, 0))
+    pad = ((0, 0), (start, 0))
     return jnp.pad(logprobs, pad), jnp.pad(entropy, pad)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config", "num_micro_batches"))
 def _batch_logprobs(graphdef, params, other_state, batch: Trajectories, *, config, num_micro_batches):
     inputs = _split_rows((batch.tokens, batch.positions, batch.attention_mask), num_micro_batches)
-    logprobs = jax.lax.map(lambda micro: _forward(graphdef, params, other_state, *micro, config)[0], inputs)
+    logprobs = jax.lax.map(
+        lambda micro: _forward(graphdef, params, other_state, *micro, batch.completion_start, config)[0], inputs
+    )
     return logprobs.reshape(batch.tokens.shape)
 
 
@@ -163,7 +167,8 @@ def _train_step(graphdef, params, other_state, opt_state, batch: Trajectories, r
 
     def micro_loss(params, micro: Trajectories, micro_weights, micro_ref):
         logprobs, entropy = _forward(
-            graphdef, params, other_state, micro.tokens, micro.positions, micro.attention_mask, config
+            graphdef, params, other_state, micro.tokens, micro.positions, micro.attention_mask,
+            micro.completion_start, config,
         )
         old_logprobs = jax.lax.stop_gradient(logprobs) if on_policy else micro.old_logprobs
         return grpo_loss(
@@ -235,7 +240,8 @@ class Learner:
         return rows // micro
 
     def logprobs(self, batch: Trajectories) -> jax.Array:
-        """log_softmax(logits / temperature) of every token under the current weights, [B, T] float32."""
+        """log_softmax(logits / temperature) of each token from `batch.completion_start` on under the current
+        weights, [B, T] float32 (earlier columns, prompt only, are 0)."""
         return self._logprobs(self.params, self._place(batch))
 
     def _logprobs(self, params, batch: Trajectories) -> jax.Array:

@@ -1,14 +1,16 @@
 """The learner's batch: sampled completions as padded [batch, time] arrays, built from the generator's token ids.
 
-Row layout: the prompt left-padded to the longest prompt of the batch, the completion right after it, then
-right padding up to a bucketed length:
+Row layout: a completion block of bucketed width at the right, the prompt left-padded up to it:
 
-    [pad pad p0 p1 p2 | c0 c1 c2 pad pad ... pad]
+    [pad pad p0 p1 p2 | c0 c1 c2 pad ... pad]
+                      ^ completion_start = length - completion block width
 
 Real tokens are contiguous, so positions are simply 0, 1, 2, ... from the first real token. Every per-token array
 is aligned with `tokens`: `sampler_logprobs[b, t]` is the sampler's log-probability of `tokens[b, t]`.
-Padding the time axis to one of a few `length_buckets` keeps the set of shapes small, so jit compiles a handful of
-programs instead of one per step.
+The completion block's width comes from `completion_buckets` and the row length from `length_buckets`, so the set of
+shapes (and of the static `completion_start`) stays small and jit compiles a handful of programs, not one per step.
+No column before `completion_start` carries a loss, so the learner computes vocabulary logits only from there on:
+with Conductor prompts of hundreds of tokens and completions of tens, that is most of the LM-head work saved.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import jax
 import numpy as np
 from flax import struct
 
-DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192)
+DEFAULT_LENGTH_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+DEFAULT_COMPLETION_BUCKETS = tuple(2**k for k in range(14))  # 1 .. 8192
 
 
 @struct.dataclass
@@ -38,6 +41,7 @@ class Trajectories:
     sampler_logprobs: jax.Array  # float32
     advantages: jax.Array  # float32, the sequence's advantage on each of its tokens
     group_ids: jax.Array  # int32 [batch]
+    completion_start: int = struct.field(pytree_node=False, default=1)  # first column that may carry a loss
 
     @property
     def batch_size(self) -> int:
@@ -72,6 +76,7 @@ def build(
     *,
     pad_id: int,
     length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+    completion_buckets: Sequence[int] = DEFAULT_COMPLETION_BUCKETS,
 ) -> Trajectories:
     """Pad generator output into a `Trajectories` batch (numpy on the host; jit moves it to devices).
 
@@ -97,9 +102,9 @@ def build(
         if len(completion) != len(logprobs):
             raise ValueError(f"row {row}: {len(completion)} completion tokens but {len(logprobs)} log-probs")
 
-    prompt_width = max(len(p) for p in prompt_ids)
-    completion_width = max(len(c) for c in completion_ids)
-    length = bucket_length(prompt_width + completion_width, length_buckets)
+    completion_width = bucket_length(max(len(c) for c in completion_ids), completion_buckets)
+    length = bucket_length(max(len(p) for p in prompt_ids) + completion_width, length_buckets)
+    prompt_width = length - completion_width
 
     tokens = np.full((batch, length), pad_id, dtype=np.int32)
     positions = np.zeros((batch, length), dtype=np.int32)
@@ -124,4 +129,5 @@ def build(
         sampler_logprobs=logprobs,
         advantages=np.where(loss_mask, advantages[:, None], 0.0).astype(np.float32),
         group_ids=group_ids,
+        completion_start=prompt_width,
     )

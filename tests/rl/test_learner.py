@@ -51,10 +51,13 @@ def test_logprobs_of_padded_rows_equal_unpadded_sequences():
         logits = model.logits(hidden)[0, :-1] / 0.7
         return jax.nn.log_softmax(logits)[jnp.arange(tokens.shape[1] - 1), tokens[0, 1:]]
 
+    start = batch.completion_start
     for row in (0, 3, 5):
         real = np.nonzero(batch.attention_mask[row])[0]
-        expected = unpadded_logprobs(model, jnp.asarray(batch.tokens[row, real])[None])
-        np.testing.assert_allclose(got[row, real[1:]], np.asarray(expected), rtol=1e-5, atol=1e-5)
+        expected = np.asarray(unpadded_logprobs(model, jnp.asarray(batch.tokens[row, real])[None]))
+        completion = real[1:] >= start  # prompt columns carry no loss, so their logits are not computed
+        np.testing.assert_allclose(got[row, real[1:][completion]], expected[completion], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got[row, :start], 0.0)
 
 
 @pytest.mark.parametrize("num_iterations, mini_batch_size", [(1, None), (2, 4)])

@@ -16,21 +16,23 @@ def _example():
         group_ids=[3, 3],
         pad_id=0,
         length_buckets=(4, 8, 16),
+        completion_buckets=(2, 4, 8),
     )
 
 
-def test_layout_is_left_padded_prompt_then_completion_then_bucket_padding():
+def test_layout_is_left_padded_prompt_then_a_bucketed_completion_block():
     batch = _example()
-    # prompt width 3, completion width 4 -> 7 tokens -> bucket 8
-    np.testing.assert_array_equal(batch.tokens, [[5, 6, 7, 9, 10, 0, 0, 0], [0, 0, 8, 11, 12, 13, 14, 0]])
-    np.testing.assert_array_equal(batch.positions, [[0, 1, 2, 3, 4, 0, 0, 0], [0, 0, 0, 1, 2, 3, 4, 0]])
-    np.testing.assert_array_equal(batch.attention_mask, [[1, 1, 1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1, 1, 0]])
-    np.testing.assert_array_equal(batch.loss_mask, [[0, 0, 0, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1, 1, 0]])
-    np.testing.assert_allclose(batch.sampler_logprobs[0], [0, 0, 0, -0.5, -1.5, 0, 0, 0])
-    np.testing.assert_allclose(batch.sampler_logprobs[1], [0, 0, 0, -0.1, -0.2, -0.3, -0.4, 0])
+    # completions of up to 4 tokens -> block of 4; prompt width 3 + 4 = 7 -> bucket 8; block starts at column 4
+    assert batch.completion_start == 4
+    np.testing.assert_array_equal(batch.tokens, [[0, 5, 6, 7, 9, 10, 0, 0], [0, 0, 0, 8, 11, 12, 13, 14]])
+    np.testing.assert_array_equal(batch.positions, [[0, 0, 1, 2, 3, 4, 0, 0], [0, 0, 0, 0, 1, 2, 3, 4]])
+    np.testing.assert_array_equal(batch.attention_mask, [[0, 1, 1, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(batch.loss_mask, [[0, 0, 0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1]])
+    np.testing.assert_allclose(batch.sampler_logprobs[0], [0, 0, 0, 0, -0.5, -1.5, 0, 0])
+    np.testing.assert_allclose(batch.sampler_logprobs[1], [0, 0, 0, 0, -0.1, -0.2, -0.3, -0.4])
     np.testing.assert_allclose(batch.old_logprobs, batch.sampler_logprobs)
-    np.testing.assert_allclose(batch.advantages[0], [0, 0, 0, 1, 1, 0, 0, 0])
-    np.testing.assert_allclose(batch.advantages[1], [0, 0, 0, -2, -2, -2, -2, 0])
+    np.testing.assert_allclose(batch.advantages[0], [0, 0, 0, 0, 1, 1, 0, 0])
+    np.testing.assert_allclose(batch.advantages[1], [0, 0, 0, 0, -2, -2, -2, -2])
     np.testing.assert_array_equal(batch.group_ids, [3, 3])
     assert batch.tokens.dtype == np.int32 and batch.positions.dtype == np.int32
 
@@ -42,7 +44,7 @@ def test_is_a_pytree_and_rows_select_sub_batches():
     doubled = jax.tree.map(lambda x: x * 2, batch)
     assert isinstance(doubled, Trajectories)
     second = batch.rows(slice(1, 2))
-    assert second.batch_size == 1 and second.length == 8
+    assert second.batch_size == 1 and second.length == 8 and second.completion_start == batch.completion_start
     np.testing.assert_array_equal(second.tokens, batch.tokens[1:2])
 
 
@@ -74,6 +76,7 @@ def test_bad_input_is_rejected(changes, message):
         group_ids=[3, 3],
         pad_id=0,
         length_buckets=(8, 16),
+        completion_buckets=(4, 8),
     )
     arguments.update(changes)
     with pytest.raises(ValueError, match=message):

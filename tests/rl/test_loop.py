@@ -1,0 +1,207 @@
+"""The training loop's own logic, on a fake world and sampler: data order, dynamic sampling, recursion credit, resume.
+
+(The whole path with real env, generator and Conductor is tests/launch/test_train_e2e.py.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from models.config import ModelConfig
+from models.testing import tiny_config
+from models.transformer import Transformer
+from rl.checkpoint import Checkpointer
+from rl.learner import Learner, LearnerConfig, OptimizerConfig
+from rl.loop import LoopConfig, Rollout, TrainingLoop, question_order
+from rl.losses import LossConfig
+from rl.metrics import MetricsWriter
+from rollout.types import Completion, SamplingParams
+
+VOCAB = 256
+
+
+class SeededSampler:
+    """Completions of 3 random tokens, drawn from the sampling seed (so a resumed run draws what it would have)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompt_ids, params, n):
+        self.calls.append((len(prompt_ids), n, params.seed))
+        rng = np.random.default_rng(params.seed)
+        return [
+            [
+                Completion(tuple(prompt), tuple(int(t) for t in rng.integers(3, VOCAB, 3)), (-1.0, -1.0, -1.0),
+                           "length", 0)
+                for _ in range(n)
+            ]
+            for prompt in prompt_ids
+        ]
+
+
+@dataclasses.dataclass
+class ParityWorld:
+    """Reward 1 when the first completion token is even. With `followup`, every first round gets a second round
+    whose reward is `second_reward`."""
+
+    num_questions: int = 5
+    constant_reward: float | None = None
+    followup: bool = False
+    second_reward: float = 0.75
+
+    def prompt_ids(self, question):
+        return [1, 2, question + 3]
+
+    def score(self, questions, completions, contexts, sample_ids):
+        rollouts = []
+        for completion, context in zip(completions, contexts or [None] * len(completions)):
+            if context is not None:
+                rollouts.append(Rollout(self.second_reward, {"correct": self.second_reward}))
+                continue
+            reward = self.constant_reward if self.constant_reward is not None else float(completion[0] % 2 == 0)
+            rollouts.append(Rollout(reward, {"correct": reward}, workers=(0,), context="first" if self.followup else None,
+                                    followup_prompt_ids=[1, 2, 200] if self.followup else None))
+        return rollouts
+
+    def decode(self, token_ids):
+        return " ".join(map(str, token_ids))
+
+
+class RecordingLearner(Learner):
+    """A real learner that also keeps every batch it was given."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches = []
+
+    def update(self, batch):
+        self.batches.append(batch)
+        return super().update(batch)
+
+
+def make_learner(seed=0):
+    model = Transformer(ModelConfig.from_hf(tiny_config("llama")), rngs=nnx.Rngs(seed))
+    config = LearnerConfig(
+        loss=LossConfig(), optimizer=OptimizerConfig(learning_rate=1e-2, schedule="constant", total_steps=100)
+    )
+    return RecordingLearner(model, config)
+
+
+def make_loop(world, *, iterations=2, learner=None, checkpointer=None, writer=None, **config):
+    syncs = []
+    loop = TrainingLoop(
+        LoopConfig(iterations=iterations, questions_per_step=2, group_size=4, length_buckets=(16,), **config),
+        learner=learner or make_learner(),
+        sampler=SeededSampler(),
+        sampling_params=SamplingParams(max_new_tokens=3),
+        weight_sync=lambda model, version: syncs.append(version),
+        world=world,
+        pad_id=0,
+        writer=writer,
+        checkpointer=checkpointer,
+    )
+    return loop, syncs
+
+
+def first_completion_tokens(batch) -> np.ndarray:
+    loss_mask = np.asarray(batch.loss_mask)
+    return np.asarray(batch.tokens)[np.arange(batch.batch_size), loss_mask.argmax(axis=1)]
+
+
+def test_question_order_is_a_pure_function_of_the_data_position():
+    whole = question_order(7, seed=3, position=0, count=21)
+    assert question_order(7, 3, 0, 10) + question_order(7, 3, 10, 11) == whole
+    for epoch in range(3):
+        assert sorted(whole[7 * epoch : 7 * (epoch + 1)]) == list(range(7))
+    assert whole[:7] != whole[7:14], "each epoch is reshuffled"
+    with pytest.raises(ValueError, match="no questions"):
+        question_order(0, 0, 0, 1)
+
+
+def test_each_iteration_updates_syncs_a_new_version_and_advances_the_data():
+    loop, syncs = make_loop(ParityWorld(), iterations=3)
+    history = loop.run()
+    assert syncs == [0, 1, 2, 3], "initial weights, then one sync per update"
+    assert loop.data_position == 6 and loop.policy_version == 3
+    assert len(loop.learner.batches) == 3
+    batch = loop.learner.batches[0]
+    assert batch.batch_size == 8 and np.asarray(batch.loss_mask).sum() == 8 * 3
+    first_tokens = first_completion_tokens(batch)
+    assert history[0]["reward/mean"] == pytest.approx(np.mean(first_tokens % 2 == 0))
+    assert {"time/generate", "time/score", "time/learn", "time/sync", "learner/loss"} <= set(history[0])
+
+
+def test_dynamic_sampling_skips_the_update_when_every_group_agrees():
+    loop, syncs = make_loop(ParityWorld(constant_reward=1.0), iterations=1, dynamic_sampling=True)
+    scalars = loop.run()[0]
+    assert scalars["dynamic_sampling/dropped_groups"] == 2
+    assert loop.learner.batches == [] and syncs == [0] and loop.policy_version == 0
+
+
+def test_dynamic_sampling_masks_only_the_groups_that_agree():
+    world = ParityWorld()
+    loop, _ = make_loop(world, iterations=1, dynamic_sampling=True)
+    loop.run()
+    batch = loop.learner.batches[0]
+    rewards = (first_completion_tokens(batch) % 2 == 0).astype(float)
+    groups = np.asarray(batch.group_ids)
+    for group in set(groups.tolist()):
+        rows = groups == group
+        expected_trains = len(set(np.asarray(rewards)[rows].tolist())) > 1
+        assert np.asarray(batch.loss_mask)[rows].any() == expected_trains
+
+
+def test_recursion_trains_both_rounds_on_the_episode_reward():
+    loop, _ = make_loop(ParityWorld(followup=True, second_reward=0.75), iterations=1, recursion=True)
+    scalars = loop.run()[0]
+    batch = loop.learner.batches[0]
+    assert batch.batch_size == 16, "8 first rounds and their 8 second rounds"
+    groups = np.asarray(batch.group_ids)
+    assert len(set(groups[:8].tolist())) == 2 and len(set(groups[8:].tolist())) == 2
+    assert not set(groups[:8].tolist()) & set(groups[8:].tolist())
+    # Every row's reward is the episode's 0.75, so every group-relative advantage is zero.
+    np.testing.assert_allclose(np.asarray(batch.advantages), 0.0, atol=1e-6)
+    assert scalars["reward/mean"] == pytest.approx(0.75)
+
+
+def test_killed_and_resumed_loop_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
+    uninterrupted, _ = make_loop(ParityWorld(), iterations=3)
+    uninterrupted.run()
+
+    checkpointer = Checkpointer(tmp_path / "ckpt", keep=2)
+    writer = MetricsWriter(tmp_path / "logs")
+    interrupted, _ = make_loop(ParityWorld(), iterations=3, checkpointer=checkpointer, writer=writer,
+                               checkpoint_every=2)
+    interrupted.step()
+    interrupted.step()
+    interrupted.save()
+    interrupted.step()  # logged, then "killed" before its checkpoint
+    writer.flush()
+
+    resumed, syncs = make_loop(ParityWorld(), iterations=3, learner=make_learner(seed=1), checkpointer=checkpointer,
+                               writer=writer)
+    resumed.run()
+    assert syncs[0] == 2, "the restored weights are pushed to the generator with their version"
+    assert (resumed.data_position, resumed.policy_version) == (6, 3)
+    expected = jax.tree.leaves(nnx.state(uninterrupted.learner.model, nnx.Param))
+    actual = jax.tree.leaves(nnx.state(resumed.learner.model, nnx.Param))
+    for a, b in zip(expected, actual):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    writer.close()
+    lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+
+
+def test_bad_loop_configs_are_rejected():
+    with pytest.raises(ValueError, match="estimator"):
+        LoopConfig(iterations=1, estimator="nope")
+    with pytest.raises(ValueError, match="group_size"):
+        LoopConfig(iterations=1, group_size=1)
+    with pytest.raises(ValueError, match="iterations"):
+        LoopConfig(iterations=0)
