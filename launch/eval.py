@@ -1,0 +1,87 @@
+"""Evaluates a Conductor against the reference's baselines on one world and task split.
+
+    python -m launch.eval --conductor=runs/replay/conductor_final --world=replay \
+        --tasks=mmlu_test,gsm8k-test,cmmlu_test,arc_challenge_test,humaneval_test --task_limit=100 --repeats=3 \
+        --out_dir=runs/eval/replay
+
+Every method runs through the same env: the Conductor's completions and the baselines' fixed workflows are parsed,
+executed over the world's pool (through `--cache` when given, so a rerun makes no provider calls), graded and
+summarized by `launch.evaluation`. Writes results.json, results.md and accuracy_tokens.png to `--out_dir` and
+prints the markdown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+
+from absl import app, flags
+
+from launch import common
+from launch.evaluation import BASELINES, BaselineConfig, conductor_outcomes, run_baselines, summarize, write_report
+
+_METHODS = flags.DEFINE_list(
+    "methods", ["conductor", *BASELINES],
+    f"What to evaluate: 'conductor' (--conductor) and any of {', '.join(BASELINES)}.",
+)
+_REPEATS = flags.DEFINE_integer("repeats", 1, "Passes over the questions; accuracy standard errors are over these.")
+_OUT_DIR = flags.DEFINE_string("out_dir", "runs/eval", "Where results.json, results.md and the plot go.")
+_CONDUCTOR_TEMPERATURE = flags.DEFINE_float(
+    "conductor_temperature", 0.0, "Sampling temperature of the evaluated Conductor (0: greedy)."
+)
+_MOA_LAYERS = flags.DEFINE_integer("moa_layers", 1, "Mixture-of-Agents layers (every worker proposes in each).")
+_REFLECTION_REVISIONS = flags.DEFINE_integer("reflection_revisions", 2, "Revisions of the self-reflection baseline.")
+_CONSENSUS_SAMPLES = flags.DEFINE_integer("consensus_samples", 3, "Independent samples of the consensus baseline.")
+_BASELINE_WORKER = flags.DEFINE_integer(
+    "baseline_worker", None,
+    "Worker of self-reflection and consensus and aggregator of MoA (default: the best single worker of this run).",
+)
+_PROMPTED_CONDUCTORS = flags.DEFINE_list(
+    "prompted_conductors", ["0"], "Pool workers each prompted as an untrained Conductor."
+)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    logging.getLogger().setLevel(logging.INFO)
+    unknown = sorted(set(_METHODS.value) - {"conductor", *BASELINES})
+    if unknown:
+        raise app.UsageError(f"unknown --methods {unknown}; choose from conductor, {', '.join(BASELINES)}")
+    out_dir = pathlib.Path(_OUT_DIR.value)
+    env = common.build_env()
+    names = [worker.name for worker in env.world.pool]
+    results = {}
+    if "conductor" in _METHODS.value:
+        _, tokenizer, model_dir = common.load_conductor(out_dir / "conductor")
+        generator, _ = common.build_generator(model_dir, out_dir)
+        params = dataclasses.replace(common.sampling_params(), temperature=_CONDUCTOR_TEMPERATURE.value)
+        try:
+            outcomes = conductor_outcomes(generator, common.EnvWorld(env, tokenizer), params, _REPEATS.value)
+        finally:
+            generator.close()
+        results[f"Conductor ({flags.FLAGS.conductor})"] = summarize(outcomes, names)
+    config = BaselineConfig(
+        baselines=tuple(method for method in _METHODS.value if method in BASELINES),
+        moa_layers=_MOA_LAYERS.value,
+        reflection_revisions=_REFLECTION_REVISIONS.value,
+        consensus_samples=_CONSENSUS_SAMPLES.value,
+        worker=_BASELINE_WORKER.value,
+        prompted_conductors=tuple(int(w) for w in _PROMPTED_CONDUCTORS.value),
+        prompted_max_tokens=common.sampling_params().max_new_tokens,
+        seed=common.seed(),
+    )
+    if config.baselines:
+        results.update(run_baselines(env, config, _REPEATS.value))
+    env.close()
+    if env.cache is not None:
+        logging.info("cache %s: %d hits, %d misses", env.cache.path, env.cache.hits, env.cache.misses)
+        env.cache.close()
+    title = f"{env.world.name} world: {len(env.world.tasks)} questions, {_REPEATS.value} repeat(s)"
+    paths = write_report(results, out_dir, title)
+    print((out_dir / "results.md").read_text())
+    print(paths)
+
+
+if __name__ == "__main__":
+    app.run(main)

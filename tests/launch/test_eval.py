@@ -1,0 +1,235 @@
+"""Evaluation against baselines: the accuracies each world implies, the reports, the cache, the command."""
+
+import json
+import math
+import subprocess
+import sys
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from env.executor import ExecutorConfig
+from env.gym_env import ConductorEnv, EnvConfig
+from env.policies import single
+from env.workers.base import WorkerReply
+from env.workers.cache import ResponseCache
+from env.workers.openai_api import OpenAICompatibleWorker
+from env.workers.replay import ROUTERDC_MODELS
+from env.workflow import Step, Workflow, render_workflow
+from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, World, build_world, replay_reference_points
+from launch.evaluation import (
+    BaselineConfig,
+    Outcome,
+    prompted_conductor_outcomes,
+    run_baselines,
+    summarize,
+    workflow_outcomes,
+    write_report,
+)
+from tests.env.fake_providers import FakeOpenAI
+from tests.env.helpers import exact_task
+
+
+def within(measured: float, expected: float, samples: int, sigmas: float = 4.0) -> bool:
+    """`measured` is a mean of `samples` draws whose expected value is `expected` (Bernoulli-bounded noise)."""
+    return abs(measured - expected) <= sigmas * math.sqrt(max(expected * (1 - expected), 0.01) / samples)
+
+
+@pytest.fixture(scope="module")
+def replay_env():
+    world = build_world(ReplayWorldConfig(files=("gsm8k-test", "arc_challenge_test"), limit_per_file=60))
+    env = ConductorEnv(world, EnvConfig(executor=ExecutorConfig(seed=0)))
+    yield env
+    env.close()
+
+
+def test_summary_means_and_standard_errors_match_numpy():
+    def outcome(task, domain, repeat, correct, tokens, workers):
+        return Outcome(task, domain, repeat, {"correct": correct, "tokens": tokens, "steps": len(workers)}, workers)
+
+    outcomes = [
+        outcome("a1", "a", 0, 1.0, 10, (0,)), outcome("a2", "a", 0, 0.0, 30, (1, 1)),
+        outcome("a1", "a", 1, 1.0, 10, (0,)), outcome("a2", "a", 1, 1.0, 50, (1,)),
+        outcome("b1", "b", 0, 0.0, 100, (0, 0, 1)), outcome("b1", "b", 1, 1.0, 100, ()),
+    ]  # fmt: skip
+    report = summarize(outcomes, ["w0", "w1"])
+    assert report["questions"] == 3 and report["repeats"] == 2
+    assert report["domains"]["a"]["correct"] == pytest.approx(0.75)
+    assert report["domains"]["a"]["correct_stderr"] == pytest.approx(np.std([0.5, 1.0], ddof=1) / np.sqrt(2))
+    assert report["domains"]["a"]["tokens"] == pytest.approx(25.0)
+    assert report["domains"]["b"]["correct"] == pytest.approx(0.5)
+    # the average is unweighted over domains, and its standard error is over the repeats' averages
+    assert report["average_accuracy"] == pytest.approx((0.75 + 0.5) / 2)
+    per_repeat = [(0.5 + 0.0) / 2, (1.0 + 1.0) / 2]
+    assert report["average_accuracy_stderr"] == pytest.approx(np.std(per_repeat, ddof=1) / np.sqrt(2))
+    assert report["average"]["tokens"] == pytest.approx((25.0 + 100.0) / 2)
+    assert report["workers_chosen"] == {"w0": pytest.approx(4 / 8), "w1": pytest.approx(4 / 8)}
+    assert summarize(outcomes[:2], ["w0", "w1"])["average_accuracy_stderr"] is None  # one repeat: no spread
+    with pytest.raises(ValueError, match="no outcomes"):
+        summarize([], ["w0"])
+
+
+def test_replay_single_workers_and_oracle_give_the_recorded_accuracies(replay_env):
+    repeats = 3
+    results = run_baselines(replay_env, BaselineConfig(baselines=("single", "oracle")), repeats)
+    tasks = replay_env.world.tasks
+    reference = replay_reference_points(tasks)
+    for w, model in enumerate(ROUTERDC_MODELS):
+        report = results[f"single {w}: {model}"]
+        for domain, measured in report["domains"].items():
+            scores = [t.metadata["scores"][model] for t in tasks if t.domain == domain]
+            assert within(measured["correct"], float(np.mean(scores)), len(scores) * repeats), (model, domain)
+        assert report["workers_chosen"] == {model: 1.0}
+        assert report["average"]["steps"] == 1.0 and report["average"]["valid_format"] == 1.0
+    # The reference points weigh questions equally; both files have 60 questions, so the unweighted domain
+    # average is the same quantity.
+    samples = len(tasks) * repeats
+    best = results[f"single {ROUTERDC_MODELS.index(reference['best_single_model'])}: {reference['best_single_model']}"]
+    assert within(best["average_accuracy"], reference["best_single"], samples)
+    assert within(results["oracle routing"]["average_accuracy"], reference["oracle"], samples)
+    assert results["oracle routing"]["average_accuracy"] > best["average_accuracy"]
+
+
+def test_replay_multi_step_baselines_are_worth_their_last_worker_under_the_independent_rule(replay_env):
+    # The replay data says nothing about reading earlier work; the default AnswerModel makes every call
+    # independent, so a fixed workflow scores what its final worker scores alone.
+    config = BaselineConfig(baselines=("moa", "self_reflection", "consensus", "random"), worker=5,
+                            reflection_revisions=1, consensus_samples=2)  # fmt: skip
+    results = run_baselines(replay_env, config, repeats=2)
+    tasks = replay_env.world.tasks
+    expected_final = float(np.mean([t.metadata["scores"][ROUTERDC_MODELS[5]] for t in tasks]))
+    expected_random = float(np.mean([np.mean(list(t.metadata["scores"].values())) for t in tasks]))
+    moa = results["MoA (1 layer, aggregator 5)"]
+    assert moa["average"]["steps"] == 8.0 and moa["average"]["worker_calls"] == 8.0  # seven proposers + aggregator
+    assert moa["workers_chosen"][ROUTERDC_MODELS[5]] == pytest.approx(2 / 8)
+    for method in (moa, results["self-reflection (1 revisions, worker 5)"], results["consensus (2 samples, worker 5)"]):
+        assert within(method["average_accuracy"], expected_final, len(tasks) * 2)
+        assert method["average"]["tokens"] > results["random routing"]["average"]["tokens"]
+    assert within(results["random routing"]["average_accuracy"], expected_random, len(tasks) * 2)
+
+
+def test_synthetic_oracle_routing_achieves_the_worlds_optimal_accuracy():
+    world = build_world(SyntheticWorldConfig(num_tasks=300, seed=1))
+    env = ConductorEnv(world, EnvConfig(executor=ExecutorConfig(seed=0)))
+    try:
+        report = run_baselines(env, BaselineConfig(baselines=("oracle",)), repeats=2)["oracle routing"]
+    finally:
+        env.close()
+    for domain, plan in world.oracle.plans.items():
+        count = sum(task.domain == domain for task in world.tasks)
+        assert within(report["domains"][domain]["correct"], plan.p_correct, count * 2), domain
+
+
+class WorkflowWritingWorker:
+    """A pool member that, asked anything, replies with the same rendered workflow (or answers a step)."""
+
+    name = "writer"
+
+    def __init__(self, workflow_text: str) -> None:
+        self.workflow_text = workflow_text
+        self.calls = 0
+
+    async def complete(self, messages, *, max_tokens, temperature, seed, task=None):
+        self.calls += 1
+        conductor_prompt = messages[0]["role"] == "system"
+        text = self.workflow_text if conductor_prompt else "<answer>42</answer>"
+        return WorkerReply(text, 100, 20, 0.01, 0.0)
+
+
+def test_a_worker_prompted_as_conductor_has_its_workflow_parsed_and_executed():
+    writer = WorkflowWritingWorker(render_workflow(Workflow((Step(0, "Solve it."), Step(0, "Check it.", "all")))))
+    world = World("scripted", [writer], [exact_task("t0"), exact_task("t1", gold="41")])
+    env = ConductorEnv(world, EnvConfig())
+    try:
+        report = summarize(prompted_conductor_outcomes(env, 0, repeats=1), ["writer"])
+    finally:
+        env.close()
+    assert report["domains"]["math"]["correct"] == 0.5  # "42" is right for t0, wrong for t1
+    assert report["average"]["valid_format"] == 1.0 and report["average"]["steps"] == 2.0
+    assert report["average"]["conductor_tokens"] == 120.0
+    assert report["average"]["cost_usd"] == pytest.approx(3 * 0.01)  # the Conductor call and two steps
+    assert writer.calls == 2 * 3
+    with pytest.raises(ValueError, match="outside the pool"):
+        prompted_conductor_outcomes(env, 1, repeats=1)
+
+
+def test_reports_are_written_as_json_markdown_and_a_png(tmp_path, replay_env):
+    results = run_baselines(replay_env, BaselineConfig(baselines=("single", "oracle")), repeats=1)
+    paths = write_report(results, tmp_path, "replay test")
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["title"] == "replay test" and set(saved["methods"]) == set(results)
+    markdown = (tmp_path / "results.md").read_text()
+    assert "| oracle routing | " in markdown and "| method | arc_challenge | gsm8k |" in markdown
+    image = matplotlib.image.imread(paths["plot"])
+    assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 1000
+
+
+def test_a_rerun_through_the_cache_makes_no_provider_calls(tmp_path):
+    tasks = [exact_task(f"t{i}", question=f"What is {i} + {i}?", gold=str(2 * i)) for i in range(3)]
+    config = BaselineConfig(baselines=("single", "moa", "self_reflection", "prompted_conductor"), worker=1,
+                            reflection_revisions=1, prompted_max_tokens=64)  # fmt: skip
+    with FakeOpenAI() as server:
+        def evaluate_once():
+            pool = [OpenAICompatibleWorker(name=f"fake-{i}", model=f"m{i}", base_url=server.base_url) for i in range(2)]
+            with ResponseCache(tmp_path / "cache.sqlite") as cache:
+                env = ConductorEnv(World("fake", pool, tasks), EnvConfig(executor=ExecutorConfig(seed=0)), cache)
+                try:
+                    return run_baselines(env, config, repeats=2), cache.hits, cache.misses
+                finally:
+                    env.close()
+
+        first, _, first_misses = evaluate_once()
+        calls = server.request_count
+        second, hits, misses = evaluate_once()
+    assert calls == first_misses and calls > 0
+    assert server.request_count == calls and misses == 0
+    for method, report in first.items():
+        # worker calls count only calls that reached a provider; everything else repeats exactly
+        assert second[method]["average"].pop("worker_calls", 0.0) == 0.0
+        assert report["average"].pop("worker_calls", 0.0) > 0.0 or method.startswith("prompted")
+        assert report["average"] == second[method]["average"], method
+        assert report["workers_chosen"] == second[method]["workers_chosen"]
+    assert second["prompted Conductor: worker 0"]["average"]["valid_format"] == 0.0
+
+
+def test_bad_baseline_config_is_rejected(replay_env):
+    with pytest.raises(ValueError, match="unknown baselines"):
+        BaselineConfig(baselines=("single", "smoothie"))
+    with pytest.raises(ValueError, match="moa_layers"):
+        BaselineConfig(moa_layers=0)
+    with pytest.raises(ValueError, match="outside the pool"):
+        run_baselines(replay_env, BaselineConfig(baselines=("consensus",), worker=7), repeats=1)
+    with pytest.raises(ValueError, match="repeats"):
+        run_baselines(replay_env, BaselineConfig(baselines=("single",)), repeats=0)
+
+
+def test_workflow_outcomes_score_the_chosen_workflow_per_question_and_repeat(replay_env):
+    chosen = []
+
+    def choose(task, repeat):
+        chosen.append((task.id, repeat))
+        return single(repeat % 7)
+
+    outcomes = workflow_outcomes(replay_env, choose, repeats=2)
+    assert len(outcomes) == 2 * len(replay_env.world.tasks) == len(set(chosen))
+    assert {(o.repeat, o.workers) for o in outcomes} == {(0, (0,)), (1, (1,))}
+
+
+@pytest.mark.slow
+def test_eval_command_writes_the_table_for_a_tiny_conductor_and_baselines(tmp_path):
+    out = tmp_path / "eval"
+    command = [
+        sys.executable, "-m", "launch.eval", "--world=synthetic", "--synthetic_tasks=8", "--repeats=2",
+        "--methods=conductor,single,oracle,moa", "--max_tokens=8", f"--out_dir={out}",
+        f"--cache={tmp_path / 'cache.sqlite'}",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    methods = json.loads((out / "results.json").read_text())["methods"]
+    assert list(methods)[:2] == ["Conductor (tiny)", "single 0: synthetic-0"]
+    assert methods["Conductor (tiny)"]["average"]["valid_format"] == 0.0  # a random model writes no workflow
+    assert methods["oracle routing"]["repeats"] == 2 and (out / "accuracy_tokens.png").stat().st_size > 10_000
+    bad = subprocess.run([sys.executable, "-m", "launch.eval", "--methods=single,smoothie"], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert bad.returncode != 0 and "smoothie" in bad.stderr
