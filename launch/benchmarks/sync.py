@@ -1,0 +1,80 @@
+"""`--suite=sync`: Flax -> torch weight sync of SmolLM2-135M-Instruct against a plain memcpy of the same bytes.
+
+In-process sync is `rollout.weight_sync.sync(model, generator, version)`: HF-named DLPack views of the NNX
+parameters copied in place into a live TorchGenerator (after the first sync, which adopts the learner's memory
+layout, see `TorchGenerator.update_weights`). The baseline copies one buffer of the model's size into another in
+the same run. The disk path writes an atomic safetensors checkpoint and loads it into the generator.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+
+import jax
+import torch
+
+from launch.benchmarks.common import Report, timed
+from models import hf_io
+from models.zoo import smollm2_135m_instruct
+from rollout.torch_generator import TorchGenerator
+from rollout.transport import read_checkpoint
+from rollout.weight_sync import save_checkpoint, sync
+
+REPEATS = 5
+
+
+def run() -> Report:
+    model_dir = smollm2_135m_instruct()
+    model = hf_io.load(model_dir)
+    generator = TorchGenerator(model_dir)
+    total_bytes = sum(p.numel() * p.element_size() for p in generator.model.parameters())
+    source = torch.ones(total_bytes, dtype=torch.uint8)
+    target = torch.empty_like(source)
+    versions = iter(range(1, 1_000_000))
+
+    def in_process() -> None:
+        sync(model, generator, next(versions))
+
+    def memcpy() -> None:
+        target.copy_(source)
+
+    jax.block_until_ready(jax.tree.leaves(model))
+    in_process()
+    memcpy()
+    sync_s, memcpy_s = [], []
+    for _ in range(REPEATS):
+        sync_s += timed(in_process, repeats=1, warmup=0)
+        memcpy_s += timed(memcpy, repeats=1, warmup=0)
+
+    with tempfile.TemporaryDirectory() as root:
+        def via_disk() -> None:
+            version = next(versions)
+            checkpoint = save_checkpoint(model, f"{root}/policy-{version}", config_dir=model_dir)
+            generator.update_weights(read_checkpoint(checkpoint), version)
+
+        disk_s = timed(via_disk, repeats=2, warmup=1)
+
+    sync_median, memcpy_median, disk_median = (statistics.median(s) for s in (sync_s, memcpy_s, disk_s))
+    ratio = sync_median / memcpy_median
+    gigabytes = total_bytes / 1e9
+    return Report(
+        suite="sync",
+        columns=("path", "median_s", "GB_per_s"),
+        rows=[
+            ("in-process sync (Flax -> TorchGenerator)", sync_median, gigabytes / sync_median),
+            ("memcpy of the same bytes", memcpy_median, gigabytes / memcpy_median),
+            ("disk (atomic safetensors write + load)", disk_median, gigabytes / disk_median),
+        ],
+        figures={
+            "model": "SmolLM2-135M-Instruct",
+            "bytes": total_bytes,
+            "in_process_sync_s": sync_median,
+            "memcpy_s": memcpy_median,
+            "disk_sync_s": disk_median,
+            "sync_over_memcpy": ratio,
+            "goal_sync_over_memcpy": 2.0,
+            "goal_met": ratio <= 2.0,
+        },
+        notes=[f"in-process sync / memcpy: {ratio:.2f}x (goal <= 2x)"],
+    )

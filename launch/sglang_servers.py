@@ -1,0 +1,130 @@
+"""Start SGLang servers for rollout and wait until each answers /health.
+
+SGLang pins its own torch / transformers / flashinfer versions, which clash with this project's, so it lives in
+a virtual environment of its own and runs as separate processes; only its HTTP API reaches this project
+(`rollout.sglang_generator.SGLangGenerator`). Once, on a GPU host:
+
+    python -m venv ~/.venvs/sglang
+    ~/.venvs/sglang/bin/pip install "sglang[all]>=0.5,<0.6"
+
+Then, for two servers of one GPU each on GPUs 0 and 1:
+
+    python -m launch.sglang_servers --model_dir=/models/Qwen2.5-7B-Instruct --num_servers=2 \
+        --sglang_python=~/.venvs/sglang/bin/python
+
+which runs, per server i, `CUDA_VISIBLE_DEVICES=<its GPUs> <sglang_python> -m sglang.launch_server --model-path
+<model_dir> --host <host> --port <base_port + i> --tp-size <tp_size> --mem-fraction-static <fraction>
+--weight-version <weight_version>`, prints the urls to pass to `SGLangConfig(urls=...)`, and keeps the servers
+running until interrupted. `--weight-version` makes every answer carry an integer policy version from the first
+request on. `--dry_run` prints the commands without starting anything.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+from absl import app, flags
+
+_MODEL_DIR = flags.DEFINE_string("model_dir", None, "HF model directory every server loads.")
+_NUM_SERVERS = flags.DEFINE_integer("num_servers", 1, "How many servers to start.")
+_TP_SIZE = flags.DEFINE_integer("tp_size", 1, "GPUs per server (tensor parallel size).")
+_FIRST_GPU = flags.DEFINE_integer("first_gpu", 0, "Server i uses GPUs first_gpu + i*tp_size ... + tp_size - 1.")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "Interface the servers listen on.")
+_BASE_PORT = flags.DEFINE_integer("base_port", 30000, "Server i listens on base_port + i.")
+_MEM_FRACTION = flags.DEFINE_float("mem_fraction_static", 0.8, "GPU memory share for weights and KV cache.")
+_WEIGHT_VERSION = flags.DEFINE_integer("weight_version", 0, "Policy version the servers report until updated.")
+_SGLANG_PYTHON = flags.DEFINE_string("sglang_python", sys.executable, "Python of the environment SGLang is in.")
+_STARTUP_TIMEOUT = flags.DEFINE_float("startup_timeout_s", 900.0, "How long to wait for every /health.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the commands and exit.")
+flags.mark_flag_as_required("model_dir")
+
+
+def server_commands(
+    *,
+    model_dir: str,
+    num_servers: int,
+    tp_size: int,
+    first_gpu: int,
+    host: str,
+    base_port: int,
+    mem_fraction_static: float,
+    weight_version: int,
+    sglang_python: str,
+) -> list[tuple[dict[str, str], list[str]]]:
+    """(environment additions, argv) of each server."""
+    if num_servers < 1 or tp_size < 1:
+        raise ValueError(f"need num_servers >= 1 and tp_size >= 1, got {num_servers} and {tp_size}")
+    if not 0.0 < mem_fraction_static < 1.0:
+        raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static}")
+    commands = []
+    for index in range(num_servers):
+        gpus = range(first_gpu + index * tp_size, first_gpu + (index + 1) * tp_size)
+        argv = [
+            os.path.expanduser(sglang_python), "-m", "sglang.launch_server",
+            "--model-path", model_dir,
+            "--host", host,
+            "--port", str(base_port + index),
+            "--tp-size", str(tp_size),
+            "--mem-fraction-static", str(mem_fraction_static),
+            "--weight-version", str(weight_version),
+        ]
+        commands.append(({"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in gpus)}, argv))
+    return commands
+
+
+def wait_until_healthy(urls: list[str], processes: list[subprocess.Popen], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    waiting = set(urls)
+    while waiting:
+        for url, process in zip(urls, processes):
+            if process.poll() is not None:
+                raise RuntimeError(f"the server for {url} exited with code {process.returncode} before becoming healthy")
+        for url in sorted(waiting):
+            try:
+                if httpx.get(f"{url}/health", timeout=5.0).status_code == 200:
+                    waiting.discard(url)
+            except httpx.TransportError:
+                pass
+        if waiting and time.monotonic() > deadline:
+            raise TimeoutError(f"no /health answer within {timeout_s:.0f}s from {sorted(waiting)}")
+        time.sleep(2.0)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    commands = server_commands(
+        model_dir=_MODEL_DIR.value,
+        num_servers=_NUM_SERVERS.value,
+        tp_size=_TP_SIZE.value,
+        first_gpu=_FIRST_GPU.value,
+        host=_HOST.value,
+        base_port=_BASE_PORT.value,
+        mem_fraction_static=_MEM_FRACTION.value,
+        weight_version=_WEIGHT_VERSION.value,
+        sglang_python=_SGLANG_PYTHON.value,
+    )
+    urls = [f"http://{_HOST.value}:{_BASE_PORT.value + i}" for i in range(len(commands))]
+    for env, command in commands:
+        print(" ".join(f"{key}={value}" for key, value in env.items()), " ".join(command))
+    if _DRY_RUN.value:
+        return
+    processes = [subprocess.Popen(command, env={**os.environ, **env}) for env, command in commands]
+    try:
+        wait_until_healthy(urls, processes, _STARTUP_TIMEOUT.value)
+        print("SGLang servers ready:", ",".join(urls), flush=True)
+        for process in processes:
+            process.wait()
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            process.wait()
+
+
+if __name__ == "__main__":
+    app.run(main)

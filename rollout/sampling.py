@@ -1,0 +1,62 @@
+"""Pure sampling maths on one decoding step's logits, shared by the in-process generator and its tests.
+
+Everything here is a function of tensors: no model, no cache, no state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sampler_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`log_softmax(logits / T)` in float32 over the unfiltered vocabulary; greedy (T == 0) reports T = 1.
+
+    This is the quantity the learner recomputes, so top-k / top-p never renormalise it.
+    """
+    scaled = logits.float()
+    if temperature not in (0.0, 1.0):
+        scaled = scaled / temperature
+    return torch.log_softmax(scaled, dim=-1)
+
+
+def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
+    """Masks (to -inf) every token outside the top-k and outside the smallest top-p nucleus, row by row.
+
+    Works on tempered logits or on their log-probs alike (same order, same softmax). The most likely token
+    always survives, so a row never becomes all -inf.
+    """
+    filtered = logits
+    if 0 < top_k < logits.shape[-1]:
+        kth_largest = torch.topk(filtered, top_k, dim=-1).values[..., -1:]
+        filtered = filtered.masked_fill(filtered < kth_largest, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, sorted_index = torch.sort(filtered, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        # A token is dropped when the tokens strictly more likely than it already cover top_p.
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = mass_before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_index, drop_sorted)
+        filtered = filtered.masked_fill(drop, float("-inf"))
+    return filtered
+
+
+def sample_next_tokens(
+    logprobs: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """One token per row of the sampler log-probs `[N, V]` (`sampler_logprobs`): argmax when temperature == 0,
+    else a draw from their top-k / top-p filtered distribution.
+
+    Sampling from the log-probs the caller reports anyway spares a second softmax per step.
+    """
+    if temperature == 0:
+        return torch.argmax(logprobs, dim=-1)
+    if top_k > 0 or top_p < 1.0:
+        probs = torch.softmax(filter_logits(logprobs, top_k=top_k, top_p=top_p), dim=-1)
+    else:
+        probs = logprobs.exp()
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

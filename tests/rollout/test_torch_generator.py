@@ -1,0 +1,166 @@
+"""TorchGenerator on tiny random transformers models: sampler log-probs, greedy parity, seeds, stops, updates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from models.testing import tiny_hf_model_dir
+from rollout.sampling import filter_logits
+from rollout.torch_generator import TorchGenerator
+from rollout.types import SamplingParams
+
+PROMPTS = [[5, 17, 33, 9], [100, 7], [64, 65, 66]]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model_dir(request, tmp_path_factory):
+    return tiny_hf_model_dir(tmp_path_factory.mktemp(request.param), request.param, seed=0)
+
+
+def reference_logprobs(model, prompt, completion, temperature):
+    """log_softmax(logits / T) of each completion token from one unpadded full forward pass."""
+    ids = torch.tensor([list(prompt) + list(completion)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+def test_sampler_logprobs_are_unfiltered_tempered_logprobs_of_left_padded_rows(model_dir):
+    generator = TorchGenerator(model_dir)
+    params = SamplingParams(temperature=3.0, top_p=0.8, top_k=20, max_new_tokens=12, seed=3)
+    groups = generator.generate(PROMPTS, params, n=2)
+
+    assert [len(group) for group in groups] == [2, 2, 2]
+    for prompt, group in zip(PROMPTS, groups):
+        for completion in group:
+            assert completion.prompt_ids == tuple(prompt)
+            assert completion.policy_version == 0
+            expected = reference_logprobs(generator.model, prompt, completion.completion_ids, 3.0)
+            np.testing.assert_allclose(completion.logprobs, expected.numpy(), atol=1e-5)
+
+
+def test_greedy_matches_transformers_generate_and_reports_temperature_one_logprobs(model_dir):
+    generator = TorchGenerator(model_dir)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    groups = generator.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=10), n=1)
+    for prompt, (completion,) in zip(PROMPTS, groups):
+        expected = reference.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False, max_new_tokens=10, pad_token_id=0,
+        )[0, len(prompt):].tolist()
+        assert list(completion.completion_ids) == expected
+        np.testing.assert_allclose(
+            completion.logprobs, reference_logprobs(reference, prompt, expected, 1.0).numpy(), atol=1e-5
+        )
+
+
+def test_seed_makes_sampling_reproducible(model_dir):
+    generator = TorchGenerator(model_dir)
+    # The tiny random models are sharply peaked; a high temperature makes samples differ.
+    params = SamplingParams(temperature=5.0, max_new_tokens=8, seed=11)
+    first = generator.generate(PROMPTS, params, n=3)
+    again = generator.generate(PROMPTS, params, n=3)
+    other = generator.generate(PROMPTS, SamplingParams(temperature=5.0, max_new_tokens=8, seed=12), n=3)
+    ids = lambda groups: [c.completion_ids for g in groups for c in g]
+    assert ids(first) == ids(again)
+    assert ids(first) != ids(other)
+    assert len(set(ids(first)[:3])) > 1, "the n samples of one prompt should differ"
+
+
+def test_each_sequence_stops_at_its_own_stop_token_and_keeps_it(model_dir):
+    generator = TorchGenerator(model_dir)
+    greedy = generator.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=10), n=1)
+    free_run = list(greedy[0][0].completion_ids)
+    stop_token = free_run[3]
+    stopped = generator.generate(
+        PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=10, stop_token_ids=(stop_token,)), n=1
+    )
+    first = stopped[0][0]
+    assert list(first.completion_ids) == free_run[: free_run.index(stop_token) + 1]
+    assert first.finish_reason == "stop"
+    assert first.logprobs == pytest.approx(greedy[0][0].logprobs[: len(first.completion_ids)], abs=1e-6)
+    for before, after in zip(greedy[1:], stopped[1:]):
+        full = list(before[0].completion_ids)
+        if stop_token in full:
+            assert list(after[0].completion_ids) == full[: full.index(stop_token) + 1]
+        else:
+            assert list(after[0].completion_ids) == full and after[0].finish_reason == "length"
+
+
+def test_model_eos_stops_generation(tmp_path):
+    model_dir = tiny_hf_model_dir(tmp_path, "llama", seed=0)
+    probe = TorchGenerator(model_dir).generate([[5, 17]], SamplingParams(temperature=0.0, max_new_tokens=6), n=1)
+    free_run = list(probe[0][0].completion_ids)
+    eos = free_run[2]
+    generator = TorchGenerator(tiny_hf_model_dir(tmp_path / "eos", "llama", seed=0, eos_token_id=eos))
+    (completion,), = generator.generate([[5, 17]], SamplingParams(temperature=0.0, max_new_tokens=6), n=1)
+    assert list(completion.completion_ids) == free_run[: free_run.index(eos) + 1]
+    assert completion.finish_reason == "stop"
+
+
+def test_update_weights_copies_in_place_bumps_version_and_changes_outputs(tmp_path):
+    generator = TorchGenerator(tiny_hf_model_dir(tmp_path / "a", "llama", seed=0))
+    donor = transformers.AutoModelForCausalLM.from_pretrained(tiny_hf_model_dir(tmp_path / "b", "llama", seed=1))
+    pointers = {name: p.data_ptr() for name, p in generator.model.named_parameters()}
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    before = generator.generate(PROMPTS, params, n=1)
+
+    generator.update_weights(dict(donor.state_dict()), version=5)
+
+    assert {name: p.data_ptr() for name, p in generator.model.named_parameters()} == pointers
+    assert generator.model.lm_head.weight.data_ptr() == generator.model.model.embed_tokens.weight.data_ptr()
+    after = generator.generate(PROMPTS, params, n=1)
+    assert all(group[0].policy_version == 5 for group in after)
+    for prompt, (completion,) in zip(PROMPTS, after):
+        expected = reference_logprobs(donor, prompt, completion.completion_ids, 1.0)
+        np.testing.assert_allclose(completion.logprobs, expected.numpy(), atol=1e-5)
+    assert [c.logprobs for g in before for c in g] != [c.logprobs for g in after for c in g]
+
+
+def test_update_weights_rejects_unknown_names_and_wrong_shapes_without_touching_the_model(tmp_path):
+    generator = TorchGenerator(tiny_hf_model_dir(tmp_path, "llama", seed=0))
+    original = {name: p.clone() for name, p in generator.model.state_dict().items()}
+    with pytest.raises(KeyError, match="not parameters"):
+        generator.update_weights({"model.norm.weight": torch.zeros(64), "model.typo.weight": torch.zeros(1)}, 1)
+    with pytest.raises(ValueError, match=r"model.norm.weight: got shape \(3,\)"):
+        generator.update_weights({"model.embed_tokens.weight": torch.zeros(256, 64), "model.norm.weight": torch.zeros(3)}, 1)
+    for name, value in generator.model.state_dict().items():
+        torch.testing.assert_close(value, original[name])
+    assert generator.policy_version == 0
+
+
+def test_bad_generate_input_and_closed_generator(tmp_path):
+    generator = TorchGenerator(tiny_hf_model_dir(tmp_path, "llama", seed=0))
+    with pytest.raises(ValueError, match="n must be"):
+        generator.generate([[1]], SamplingParams(), n=0)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generator.generate([[1], []], SamplingParams(), n=1)
+    assert generator.generate([], SamplingParams(), n=2) == []
+    generator.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        generator.generate([[1]], SamplingParams(), n=1)
+
+
+def reference_filter(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """Row-by-row numpy top-k then top-p (keep the smallest prefix of sorted tokens whose mass reaches top_p)."""
+    out = logits.copy()
+    for row in out:
+        if top_k > 0:
+            row[row < np.sort(row)[-top_k]] = -np.inf
+        order = np.argsort(-row, kind="stable")
+        probs = np.exp(row[order] - row[order][0])
+        probs /= probs.sum()
+        keep = np.searchsorted(np.cumsum(probs), top_p) + 1
+        row[order[keep:]] = -np.inf
+    return out
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 0.5), (5, 1.0), (8, 0.7), (1, 0.9)])
+def test_filter_logits_matches_numpy_reference(top_k, top_p):
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(top_k))
+    filtered = filter_logits(logits, top_k=top_k, top_p=top_p)
+    np.testing.assert_array_equal(filtered.numpy(), reference_filter(logits.numpy(), top_k, top_p))
+    assert torch.isfinite(filtered).any(dim=-1).all()
