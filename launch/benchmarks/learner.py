@@ -38,28 +38,30 @@ def _matmul_flops_per_s() -> float:
     return 2 * MATMUL_SIZE**3 / min(seconds)
 
 
-def _update_flops(config: dict, tokens: int, length: int) -> float:
-    """Forward + backward model FLOPs: 6 * matmul params * tokens plus causal-free attention (PaLM appendix B)."""
+def _update_flops(config: dict, tokens: int, length: int, head_tokens: int) -> float:
+    """Forward + backward model FLOPs: 6 * matmul params * tokens plus causal-free attention (PaLM appendix B);
+    the LM head (a matmul tied to the embedding) runs only on the `head_tokens` that carry a loss."""
     hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
     head_dim = config["head_dim"]
     q_width, kv_width = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
     per_layer = hidden * (2 * q_width + 2 * kv_width) + 3 * hidden * config["intermediate_size"]
-    matmul_params = layers * per_layer + hidden * vocab  # the LM head (tied to the embedding) is a matmul
     attention = 12 * layers * q_width * length * tokens
-    return 6 * matmul_params * tokens + attention
+    return 6 * layers * per_layer * tokens + 6 * hidden * vocab * head_tokens + attention
 
 
 def _torch_step(model, optimizer, tokens, attention_mask, loss_mask, advantages):
     optimizer.zero_grad(set_to_none=True)
-    logits = model(input_ids=tokens, attention_mask=attention_mask).logits[:, :-1].float()
+    # Like the learner, vocabulary logits only where a loss can be: the positions predicting completion tokens.
+    outputs = model(input_ids=tokens, attention_mask=attention_mask, logits_to_keep=COMPLETION + 1)
+    logits = outputs.logits[:, :-1].float()
     log_probs = torch.log_softmax(logits, dim=-1)
-    logp = log_probs.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    logp = log_probs.gather(-1, tokens[:, -COMPLETION:, None]).squeeze(-1)
     with torch.no_grad():
         entropy = -(log_probs.exp() * log_probs).sum(-1)
     ratio = torch.exp(logp - logp.detach())
     adv = advantages[:, None]
     per_token = -torch.min(ratio * adv, ratio.clamp(1 - CLIP, 1 + CLIP) * adv)
-    mask = loss_mask[:, 1:]
+    mask = loss_mask[:, -COMPLETION:]
     loss = ((per_token * mask).sum(1) / mask.sum(1)).mean()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
@@ -106,7 +108,8 @@ def run() -> Report:
                                warmup=1 if repeat == 0 else 0)
     peak = _matmul_flops_per_s()
 
-    flops = _update_flops(json.loads((model_dir / "config.json").read_text()), n_tokens, PROMPT + COMPLETION)
+    config = json.loads((model_dir / "config.json").read_text())
+    flops = _update_flops(config, n_tokens, PROMPT + COMPLETION, BATCH * COMPLETION)
     flax_s, torch_s = statistics.median(flax_seconds), statistics.median(torch_seconds)
     flax_tps, torch_tps = n_tokens / flax_s, n_tokens / torch_s
     ratio = flax_tps / torch_tps

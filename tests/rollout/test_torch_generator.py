@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from models.testing import tiny_hf_model_dir
-from rollout.sampling import filter_logits
+from rollout.sampling import filter_logits, inverse_cdf_draw
 from rollout.torch_generator import TorchGenerator
 from rollout.types import SamplingParams
 
@@ -164,3 +164,12 @@ def test_filter_logits_matches_numpy_reference(top_k, top_p):
     filtered = filter_logits(logits, top_k=top_k, top_p=top_p)
     np.testing.assert_array_equal(filtered.numpy(), reference_filter(logits.numpy(), top_k, top_p))
     assert torch.isfinite(filtered).any(dim=-1).all()
+
+
+def test_inverse_cdf_draw_samples_the_distribution_and_never_a_zero_probability_token():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+    draws = torch.stack([inverse_cdf_draw(probs, torch.Generator().manual_seed(seed)) for seed in range(20000)])
+    frequencies = torch.stack([torch.bincount(draws[:, row], minlength=6) for row in range(2)]).double() / 20000
+    # Three standard errors of a Bernoulli frequency with p <= 0.5 over 20,000 draws is about 0.011.
+    np.testing.assert_allclose(frequencies.numpy(), probs.double().numpy(), atol=0.011)
+    assert frequencies[0, [0, 2, 5]].sum() == 0 and frequencies[1, 5] == 1
