@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from models.hf_io import param_map
+from models.hf_io import param_map, variable_at
 from models.transformer import Transformer
 from rollout.transport import write_checkpoint
 from rollout.types import Generator
@@ -38,13 +38,6 @@ def jax_to_torch(array: jax.Array) -> torch.Tensor:
     return torch.from_numpy(host)
 
 
-def _parameter(model: Transformer, path: tuple[str | int, ...]) -> jax.Array:
-    node: Any = model
-    for key in path:
-        node = node[key] if isinstance(key, int) else getattr(node, key)
-    return node[...]
-
-
 def hf_torch_tensors(model: Transformer, *, dtype: Any = None) -> dict[str, torch.Tensor]:
     """The model's parameters under HF names and in HF shapes, as torch tensors, optionally cast (bfloat16 for a
     bf16 server halves the bytes moved).
@@ -55,7 +48,7 @@ def hf_torch_tensors(model: Transformer, *, dtype: Any = None) -> dict[str, torc
     """
     tensors = {}
     for entry in param_map(model.config):
-        value = _parameter(model, entry.path)
+        value = variable_at(model, entry.path)[...]
         if dtype is not None:
             value = value.astype(dtype)
         tensor = jax_to_torch(value)

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import anthropic
 
-from env.workers.api import PRICES, ApiWorker, Failure, Price, RetryConfig, classify_common, status_failure
+from env.workers.api import ApiWorker, Failure, Price, RetryConfig, classify_common, listed_price, status_failure
 from env.workers.base import Message
 
 MIN_THINKING_BUDGET = 1024  # the API's smallest extended-thinking budget
@@ -35,11 +35,7 @@ class AnthropicWorker(ApiWorker):
     ) -> None:
         if thinking_budget is not None and thinking_budget < MIN_THINKING_BUDGET:
             raise ValueError(f"thinking_budget must be >= {MIN_THINKING_BUDGET} tokens, got {thinking_budget}")
-        if price is None:
-            if model not in PRICES:
-                raise ValueError(f"no price for {model!r} in PRICES; pass price=")
-            price = PRICES[model]
-        super().__init__(name=name, model=model, price=price, api_key_env=api_key_env, base_url=base_url, retry=retry)
+        super().__init__(name=name, model=model, price=listed_price(model, price), api_key_env=api_key_env, base_url=base_url, retry=retry)
         self.thinking_budget = thinking_budget
 
     def _settings(self) -> str:

@@ -56,6 +56,15 @@ PRICES: Mapping[str, Price] = {
 FREE = Price(0.0, 0.0)
 
 
+def listed_price(model: str, price: Price | None) -> Price:
+    """`price` if given, else the model's entry in `PRICES` (a clear error for an unlisted model)."""
+    if price is not None:
+        return price
+    if model not in PRICES:
+        raise ValueError(f"no price for {model!r} in PRICES; pass price=")
+    return PRICES[model]
+
+
 @dataclasses.dataclass(frozen=True)
 class RetryConfig:
     """Per-attempt timeout, exponential backoff with jitter, and the per-worker concurrency limit.

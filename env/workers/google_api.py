@@ -11,7 +11,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from env.workers.api import PRICES, ApiWorker, Failure, Price, RetryConfig, classify_common, status_failure
+from env.workers.api import ApiWorker, Failure, Price, RetryConfig, classify_common, listed_price, status_failure
 from env.workers.base import Message
 
 
@@ -37,11 +37,7 @@ class GoogleWorker(ApiWorker):
     ) -> None:
         if thinking_budget is not None and thinking_budget < 0:
             raise ValueError(f"thinking_budget must be >= 0, got {thinking_budget}")
-        if price is None:
-            if model not in PRICES:
-                raise ValueError(f"no price for {model!r} in PRICES; pass price=")
-            price = PRICES[model]
-        super().__init__(name=name, model=model, price=price, api_key_env=api_key_env, base_url=base_url, retry=retry)
+        super().__init__(name=name, model=model, price=listed_price(model, price), api_key_env=api_key_env, base_url=base_url, retry=retry)
         self.thinking_budget = thinking_budget
 
     def _settings(self) -> str:

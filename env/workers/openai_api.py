@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import openai
 
-from env.workers.api import FREE, PRICES, ApiWorker, Failure, Price, RetryConfig, classify_common, status_failure
+from env.workers.api import FREE, ApiWorker, Failure, Price, RetryConfig, classify_common, listed_price, status_failure
 from env.workers.base import Message
 
 REASONING_EFFORTS = ("minimal", "low", "medium", "high")
@@ -60,11 +60,7 @@ class OpenAIWorker(ApiWorker):
     ) -> None:
         if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
             raise ValueError(f"reasoning_effort must be one of {REASONING_EFFORTS}, got {reasoning_effort!r}")
-        if price is None:
-            if model not in PRICES:
-                raise ValueError(f"no price for {model!r} in PRICES; pass price=")
-            price = PRICES[model]
-        super().__init__(name=name, model=model, price=price, api_key_env=api_key_env, base_url=base_url, retry=retry)
+        super().__init__(name=name, model=model, price=listed_price(model, price), api_key_env=api_key_env, base_url=base_url, retry=retry)
         self.reasoning_effort = reasoning_effort
 
     def _settings(self) -> str:
