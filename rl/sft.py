@@ -8,7 +8,7 @@ the completion tokens (`loss_mask`) at temperature 1; prompts only condition.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -92,8 +92,15 @@ class SupervisedTrainer:
             length_buckets=self.config.length_buckets,
         )
 
-    def fit(self, examples: Sequence[Example], steps: int, pad_id: int) -> list[dict[str, float]]:
-        """`steps` steps over shuffled passes of `examples`, `batch_size` at a time; returns each step's metrics."""
+    def fit(
+        self,
+        examples: Sequence[Example],
+        steps: int,
+        pad_id: int,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> list[dict[str, float]]:
+        """`steps` steps over shuffled passes of `examples`, `batch_size` at a time; returns each step's metrics
+        (and hands each to `on_step(step_index, metrics)` as it happens)."""
         if not examples:
             raise ValueError("no supervised examples to fit")
         rng = np.random.default_rng(self.config.seed)
@@ -104,4 +111,6 @@ class SupervisedTrainer:
                 order.extend(rng.permutation(len(examples)).tolist())
             chosen, order = order[: self.config.batch_size], order[self.config.batch_size:]
             history.append(self.step(self.batch([examples[i] for i in chosen], pad_id)))
+            if on_step is not None:
+                on_step(len(history) - 1, history[-1])
         return history

@@ -1,0 +1,314 @@
+"""Flags and builders shared by the entry points (train, sft, eval, serve).
+
+Each `build_*` reads the flags of its group and returns the object the rest of the stack takes; `EnvWorld` binds an
+`env.gym_env.ConductorEnv` and the Conductor's tokenizer to the `rl.loop.World` protocol.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+from typing import Any, Callable, Sequence
+
+import jax.numpy as jnp
+from absl import flags
+from flax import nnx
+
+from env.executor import ExecutorConfig
+from env.gym_env import ConductorEnv, EnvConfig, Scored
+from env.rewards import RewardConfig
+from env.workers.cache import ResponseCache
+from env.workers.simulated import AnswerModel
+from env.worlds import (
+    LocalWorldConfig,
+    PaperWorldConfig,
+    ReplayWorldConfig,
+    SyntheticWorldConfig,
+    World,
+    build_world,
+)
+from models import hf_io, zoo
+from models.config import ModelConfig
+from models.tokenizer import load_tokenizer, render_chat
+from models.transformer import Transformer
+from rl.loop import Rollout
+from rollout import weight_sync
+from rollout.sglang_generator import SGLangConfig, SGLangGenerator
+from rollout.torch_generator import TorchGenerator
+from rollout.types import SamplingParams
+
+# -- the Conductor ------------------------------------------------------------------------------------------------
+
+_CONDUCTOR = flags.DEFINE_string(
+    "conductor", "tiny",
+    "The Conductor: 'smollm2-135m-instruct' (the model zoo's SmolLM2-135M-Instruct), 'tiny' (a small random "
+    "Llama-family model with SmolLM2's tokenizer, for fast CPU experiments), or a Hugging Face model directory.",
+)
+_TINY_LAYERS = flags.DEFINE_integer("tiny_layers", 2, "Decoder layers of the 'tiny' Conductor.")
+_TINY_WIDTH = flags.DEFINE_integer("tiny_width", 128, "Hidden size of the 'tiny' Conductor.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Learner compute dtype.")
+_PARAM_DTYPE = flags.DEFINE_enum("param_dtype", "float32", ["float32", "bfloat16"], "Learner parameter dtype.")
+_REMAT = flags.DEFINE_boolean("remat", False, "Rematerialise each decoder layer in the backward pass.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of initialisation, data order and sampling.")
+
+# -- the world ----------------------------------------------------------------------------------------------------
+
+_WORLD = flags.DEFINE_enum("world", "synthetic", ["synthetic", "replay", "local", "paper"], "The worker pool and tasks.")
+_TASKS = flags.DEFINE_list(
+    "tasks", [],
+    "Training tasks. replay: RouterDC file stems (e.g. mmlu_train,gsm8k-train); local: one env.tasks name; "
+    "paper: name or name:path entries (math500, mmlu, rlpr, livecodebench). Empty: the world's default.",
+)
+_TASK_LIMIT = flags.DEFINE_integer("task_limit", None, "At most this many questions per task file.")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "Directory of the RouterDC files (default: ../shared/data/routerdc).")
+_SYNTHETIC_WORKERS = flags.DEFINE_integer("synthetic_workers", 4, "Workers in the synthetic pool.")
+_SYNTHETIC_SKILLS = flags.DEFINE_string(
+    "synthetic_skills", None,
+    "The synthetic skill matrix: one row per worker, rows separated by ';', each the worker's probability of being "
+    "right on each domain (arithmetic, algebra, logic, trivia), comma-separated. Default: seeded specialists.",
+)
+_SYNTHETIC_TASKS = flags.DEFINE_integer("synthetic_tasks", 1000, "Questions generated for the synthetic world.")
+_WORKER_LATENCY = flags.DEFINE_float("worker_latency_s", 0.0, "Simulated latency of synthetic and replay workers.")
+_MULTI_STEP_RULE = flags.DEFINE_enum(
+    "multi_step_rule", "independent", ["independent", "adopt"],
+    "How simulated and replay workers use earlier steps: 'independent' (a workflow is worth its last step; exact "
+    "for replayed data) or 'adopt' (a step that reads a correct answer adopts it with --adopt_rate; a model).",
+)
+_ADOPT_RATE = flags.DEFINE_float("adopt_rate", 0.5, "Adoption probability of the 'adopt' multi-step rule.")
+_LOCAL_WORKERS = flags.DEFINE_integer("local_workers", 2, "SmolLM2-135M-Instruct workers in the local world.")
+_MAX_STEPS = flags.DEFINE_integer("max_steps", 5, "Most steps a workflow may have.")
+_ACCESS_MODE = flags.DEFINE_enum("access_mode", "binary", ["binary", "fine"], "Access-list format.")
+_RECURSION_ROUNDS = flags.DEFINE_integer("recursion_rounds", 0, "Extra Conductor rounds on the first round's result.")
+_MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", 256, "Workflows executed at once.")
+_WORKER_MAX_TOKENS = flags.DEFINE_integer("worker_max_tokens", 4096, "Token limit of each worker call.")
+_WORKER_TEMPERATURE = flags.DEFINE_float("worker_temperature", 0.2, "Sampling temperature of worker calls.")
+_CACHE = flags.DEFINE_string("cache", None, "SQLite response cache path (none: no cache).")
+
+# -- the reward ---------------------------------------------------------------------------------------------------
+
+_REWARD_FORMAT_ERROR = flags.DEFINE_float("reward_format_error", 0.0, "Reward of a completion that does not parse.")
+_REWARD_WRONG = flags.DEFINE_float("reward_wrong", 0.5, "Reward of a valid workflow with a wrong answer.")
+_REWARD_CORRECT = flags.DEFINE_float("reward_correct", 1.0, "Reward of a correct answer.")
+_FORMAT_BONUS = flags.DEFINE_float("format_bonus", 0.0, "Added to every valid workflow's reward.")
+_STEP_PENALTY = flags.DEFINE_float("step_penalty", 0.0, "Subtracted per workflow step.")
+_TOKEN_PENALTY = flags.DEFINE_float("token_penalty", 0.0, "Subtracted per 1,000 worker tokens.")
+_USD_PENALTY = flags.DEFINE_float("usd_penalty", 0.0, "Subtracted per US dollar of worker cost.")
+_RECURSION_DISCOUNT = flags.DEFINE_float("recursion_discount", 0.2, "Weight of an earlier round's reward.")
+
+# -- generation ---------------------------------------------------------------------------------------------------
+
+_GENERATOR = flags.DEFINE_enum("generator", "torch", ["torch", "sglang"], "Rollout engine.")
+_GENERATOR_DEVICE = flags.DEFINE_string("generator_device", "cpu", "Torch device of the in-process generator.")
+_SGLANG_URLS = flags.DEFINE_list("sglang_urls", [], "SGLang server base URLs (generator=sglang).")
+_SYNC = flags.DEFINE_enum(
+    "sync", "inprocess", ["inprocess", "disk", "nccl"],
+    "Weight sync transport: in-process (torch generator), disk (SGLang /update_weights_from_disk), "
+    "nccl (SGLang /update_weights_from_distributed).",
+)
+_SYNC_DIR = flags.DEFINE_string("sync_dir", None, "Shared directory for disk sync (default: <logdir>/sync).")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Conductor sampling temperature.")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "Conductor nucleus sampling.")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "Conductor top-k sampling (0: off).")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 1024, "Most tokens the Conductor writes per completion.")
+
+def seed() -> int:
+    return _SEED.value
+
+
+def _dtype(name: str) -> jnp.dtype:
+    return jnp.dtype(name)
+
+
+def tiny_conductor_config(vocab_size: int, layers: int, width: int) -> dict[str, Any]:
+    """An HF config.json dict of a small Llama-family model (SmolLM2's shape, scaled down)."""
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": vocab_size,
+        "hidden_size": width,
+        "intermediate_size": 3 * width,
+        "num_hidden_layers": layers,
+        "num_attention_heads": max(width // 32, 1),
+        "num_key_value_heads": max(width // 64, 1),
+        "head_dim": 32,
+        "rope_theta": 100000.0,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+
+
+def load_conductor(out_dir: pathlib.Path, spec: str | None = None) -> tuple[Transformer, Any, pathlib.Path]:
+    """(Flax model, tokenizer, HF directory the generator loads). A 'tiny' Conductor is initialised from the seed and
+    written to `out_dir` (with SmolLM2's tokenizer) so the generator starts from the same weights."""
+    spec = spec or _CONDUCTOR.value
+    dtype, param_dtype = _dtype(_DTYPE.value), _dtype(_PARAM_DTYPE.value)
+    if spec == "tiny":
+        tokenizer_dir = zoo.smollm2_135m_instruct()
+        tokenizer = load_tokenizer(tokenizer_dir)
+        hf_config = tiny_conductor_config(len(tokenizer), _TINY_LAYERS.value, _TINY_WIDTH.value)
+        config = ModelConfig.from_hf(hf_config, dtype=dtype, param_dtype=param_dtype, remat=_REMAT.value)
+        model = Transformer(config, rngs=nnx.Rngs(_SEED.value))
+        model_dir = hf_io.save(model, out_dir)
+        tokenizer.save_pretrained(model_dir)
+        return model, tokenizer, model_dir
+    model_dir = zoo.smollm2_135m_instruct() if spec == "smollm2-135m-instruct" else pathlib.Path(spec)
+    if not (model_dir / "config.json").exists():
+        raise FileNotFoundError(f"--conductor={spec}: no config.json in {model_dir}")
+    model = hf_io.load(model_dir, dtype=dtype, param_dtype=param_dtype, remat=_REMAT.value)
+    return model, load_tokenizer(model_dir), model_dir
+
+
+# -- worlds -------------------------------------------------------------------------------------------------------
+
+
+def reward_config() -> RewardConfig:
+    return RewardConfig(
+        format_error=_REWARD_FORMAT_ERROR.value,
+        wrong=_REWARD_WRONG.value,
+        correct=_REWARD_CORRECT.value,
+        format_bonus=_FORMAT_BONUS.value,
+        step_penalty=_STEP_PENALTY.value,
+        token_penalty=_TOKEN_PENALTY.value,
+        usd_penalty=_USD_PENALTY.value,
+        recursion_discount=_RECURSION_DISCOUNT.value,
+    )
+
+
+def world_config(tasks: Sequence[str] | None = None) -> Any:
+    """The config of `--world` with `tasks` (default `--tasks`) as its question set."""
+    tasks = list(_TASKS.value if tasks is None else tasks)
+    name, limit = _WORLD.value, _TASK_LIMIT.value
+    answer_model = AnswerModel(rule=_MULTI_STEP_RULE.value, adopt_rate=_ADOPT_RATE.value)
+    if name == "synthetic":
+        skills = None
+        if _SYNTHETIC_SKILLS.value:
+            skills = tuple(tuple(float(v) for v in row.split(",")) for row in _SYNTHETIC_SKILLS.value.split(";"))
+        return SyntheticWorldConfig(
+            num_workers=len(skills) if skills else _SYNTHETIC_WORKERS.value, num_tasks=_SYNTHETIC_TASKS.value,
+            seed=_SEED.value, skills=skills, latency_s=_WORKER_LATENCY.value, answer_model=answer_model,
+        )
+    if name == "replay":
+        files = tuple(tasks) or ReplayWorldConfig.files
+        return ReplayWorldConfig(files=files, data_dir=_DATA_DIR.value, limit_per_file=limit, seed=_SEED.value,
+                                 latency_s=_WORKER_LATENCY.value, answer_model=answer_model)
+    if name == "local":
+        smollm2 = str(zoo.smollm2_135m_instruct())
+        return LocalWorldConfig(model_dirs=(smollm2,) * _LOCAL_WORKERS.value, tasks=(tasks or ["synthetic"])[0],
+                                limit=limit, seed=_SEED.value)
+    entries = tuple((t.split(":", 1)[0], t.split(":", 1)[1] if ":" in t else None) for t in tasks)
+    return PaperWorldConfig(tasks=entries or PaperWorldConfig.tasks, limit_per_task=limit, seed=_SEED.value)
+
+
+def build_env(tasks: Sequence[str] | None = None) -> ConductorEnv:
+    """The gym environment of `--world` over `tasks`, with the reward and executor flags."""
+    rewards = reward_config()
+    world: World = build_world(world_config(tasks), rewards, _MAX_STEPS.value)
+    config = EnvConfig(
+        max_steps=_MAX_STEPS.value,
+        access_mode=_ACCESS_MODE.value,
+        recursion_rounds=_RECURSION_ROUNDS.value,
+        max_concurrency=_MAX_CONCURRENCY.value,
+        seed=_SEED.value,
+        executor=ExecutorConfig(
+            max_tokens=_WORKER_MAX_TOKENS.value, temperature=_WORKER_TEMPERATURE.value, seed=_SEED.value
+        ),
+        reward=rewards,
+    )
+    cache = ResponseCache(_CACHE.value) if _CACHE.value else None
+    return ConductorEnv(world, config, cache)
+
+
+def rollout_metrics(scored: Scored) -> dict[str, float]:
+    """The per-rollout numbers the loop averages and the evaluation reports."""
+    metrics = {
+        "valid_format": float(scored.parse_error is None),
+        "correct": float(scored.grade or 0.0),
+        "steps": float(len(scored.workflow.steps)) if scored.workflow else 0.0,
+    }
+    if scored.execution is not None:
+        metrics.update(
+            worker_calls=float(scored.execution.calls),
+            tokens=float(scored.execution.tokens),
+            cost_usd=float(scored.execution.cost_usd),
+            failed_steps=float(scored.execution.failed_steps),
+        )
+    return metrics
+
+
+class EnvWorld:
+    """`rl.loop.World` over a `ConductorEnv`: prompts through the Conductor's chat template, completions decoded
+    from the generator's own token ids, scores from the env (which owns the reward)."""
+
+    def __init__(self, env: ConductorEnv, tokenizer: Any):
+        self.env = env
+        self.tokenizer = tokenizer
+        self.tasks = env.world.tasks
+        self.num_questions = len(self.tasks)
+        self._prompts: dict[int, list[int]] = {}
+
+    def prompt_ids(self, question: int) -> list[int]:
+        if question not in self._prompts:
+            observation = self.env.observation(self.tasks[question])
+            self._prompts[question] = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
+        return self._prompts[question]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def score(self, questions, completions, contexts, sample_ids) -> list[Rollout]:
+        tasks = [self.tasks[q] for q in questions]
+        scored = self.env.score_batch_sync(
+            tasks, [self.decode(c) for c in completions], sample_indices=list(sample_ids), previous=contexts
+        )
+        rollouts = []
+        for task, result in zip(tasks, scored):
+            followup = None
+            if result.round < self.env.config.recursion_rounds and result.workflow is not None:
+                observation = self.env.observation(task, result)
+                followup = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
+            rollouts.append(
+                Rollout(
+                    reward=result.reward,
+                    metrics=rollout_metrics(result),
+                    workers=tuple(step.worker for step in result.workflow.steps) if result.workflow else (),
+                    context=result,
+                    followup_prompt_ids=followup,
+                )
+            )
+        return rollouts
+
+
+def sampling_params() -> SamplingParams:
+    return SamplingParams(
+        temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value, max_new_tokens=_MAX_TOKENS.value,
+        seed=_SEED.value,
+    )
+
+
+def build_generator(model_dir: pathlib.Path, log_dir: pathlib.Path) -> tuple[Any, Callable[[Any, int], None]]:
+    """(generator, weight_sync): `weight_sync(model, version)` pushes the learner's weights into the generator."""
+    if _GENERATOR.value == "torch":
+        if _SYNC.value != "inprocess":
+            raise ValueError("the torch generator lives in this process: use --sync=inprocess")
+        generator: Any = TorchGenerator(model_dir, device=_GENERATOR_DEVICE.value)
+    else:
+        if not _SGLANG_URLS.value:
+            raise ValueError("--generator=sglang needs --sglang_urls")
+        if _SYNC.value == "inprocess":
+            raise ValueError("SGLang servers are other processes: use --sync=disk or --sync=nccl")
+        generator = SGLangGenerator(
+            SGLangConfig(
+                urls=tuple(_SGLANG_URLS.value),
+                weight_update="disk" if _SYNC.value == "disk" else "distributed",
+                checkpoint_root=_SYNC_DIR.value or str(log_dir / "sync"),
+                model_dir=str(model_dir),
+            )
+        )
+    return generator, functools.partial(_sync_into, generator)
+
+
+def _sync_into(generator: Any, model: Transformer, version: int) -> None:
+    weight_sync.sync(model, generator, version)

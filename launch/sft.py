@@ -1,0 +1,136 @@
+"""Supervised format warm-start of the Conductor: `python -m launch.sft [--flags]`.
+
+Teachers: `templates` (single worker, plan -> solve -> verify, fan-out + aggregate, with workers drawn uniformly, so
+the student writes valid workflows and routes at random) or `rollouts` (rejection-sampling fine-tuning on the
+high-reward completions a training run logged to its rollouts.jsonl). Before and after, it samples the Conductor on
+a few questions and reports the fraction of completions that parse as workflows. The result is an HF directory
+(`--sft_out`) that `--conductor` accepts. `launch.train --warm_start_steps=N` runs the same warm-start in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import random
+from typing import Any, Sequence
+
+from absl import app, flags
+
+from env.policies import TEMPLATES, random_template
+from env.prompts import CONDUCTOR_PREFIX
+from env.workflow import WorkflowFormatError, parse_workflow, render_workflow
+from launch import common
+from models import hf_io
+from rl.learner import OptimizerConfig
+from rl.sft import Example, SFTConfig, SupervisedTrainer
+from rollout.types import SamplingParams
+
+_STEPS = flags.DEFINE_integer("sft_steps", 100, "Supervised steps.")
+_LR = flags.DEFINE_float("sft_lr", 3e-4, "Supervised learning rate (constant after warmup).")
+_WARMUP = flags.DEFINE_integer("sft_warmup_steps", 10, "Linear warmup steps of the supervised learning rate.")
+_BATCH = flags.DEFINE_integer("sft_batch_size", 8, "Supervised examples per step.")
+_TEACHER = flags.DEFINE_enum("sft_teacher", "templates", ["templates", "rollouts"], "Where the targets come from.")
+_TEMPLATES = flags.DEFINE_list("sft_templates", list(TEMPLATES), "Template policies of the templates teacher.")
+_ROLLOUTS = flags.DEFINE_string("sft_rollouts", None, "A run's rollouts.jsonl (teacher=rollouts).")
+_MIN_REWARD = flags.DEFINE_float("sft_min_reward", 1.0, "Keep logged rollouts with at least this reward.")
+_VALIDITY_SAMPLES = flags.DEFINE_integer("sft_validity_samples", 32, "Samples drawn to measure format validity.")
+_OUT = flags.DEFINE_string("sft_out", "runs/sft/conductor", "Where the warm-started Conductor is written (HF dir).")
+
+log = logging.getLogger(__name__)
+
+
+def completion_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
+    """The tokens of a target completion, ending with EOS so the Conductor learns to stop."""
+    return tuple(tokenizer.encode(text, add_special_tokens=False)) + (tokenizer.eos_token_id,)
+
+
+def template_examples(world: common.EnvWorld, count: int, rng: random.Random) -> list[Example]:
+    """`count` (prompt, uniformly routed template workflow) pairs over the world's questions."""
+    pool_size = len(world.env.world.pool)
+    access_mode = world.env.config.access_mode
+    examples = []
+    for _ in range(count):
+        question = rng.randrange(world.num_questions)
+        workflow = random_template(pool_size, rng, _TEMPLATES.value)
+        text = "\n" + render_workflow(workflow, access_mode)
+        examples.append(Example(tuple(world.prompt_ids(question)), completion_ids(world.tokenizer, text)))
+    return examples
+
+
+def rollout_examples(world: common.EnvWorld, path: str, min_reward: float) -> list[Example]:
+    """Logged completions (the generator's own token ids) that earned at least `min_reward`."""
+    examples = []
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            record = json.loads(line)
+            if record["reward"] >= min_reward and record["round"] == 0:
+                examples.append(Example(tuple(world.prompt_ids(record["question"])), tuple(record["completion_ids"])))
+    if not examples:
+        raise ValueError(f"{path} has no first-round rollout with reward >= {min_reward}")
+    return examples
+
+
+def format_validity(generator: Any, world: common.EnvWorld, questions: Sequence[int], samples: int,
+                    params: SamplingParams) -> float:
+    """Fraction of `samples` completions (spread over `questions`) that parse as a workflow."""
+    per_question = -(-samples // len(questions))
+    groups = generator.generate([world.prompt_ids(q) for q in questions], params, per_question)
+    texts = [world.decode(c.completion_ids) for group in groups for c in group][:samples]
+    config = world.env.config
+    valid = 0
+    for text in texts:
+        try:
+            parse_workflow(CONDUCTOR_PREFIX + text, len(world.env.world.pool), config.max_steps, config.access_mode)
+            valid += 1
+        except WorkflowFormatError:
+            pass
+    return valid / len(texts)
+
+
+def warm_start(model: Any, world: common.EnvWorld, steps: int, seed: int) -> list[dict[str, float]]:
+    """Fits the Conductor in place to the configured teacher for `steps` steps; returns per-step metrics."""
+    rng = random.Random(seed)
+    if _TEACHER.value == "templates":
+        examples = template_examples(world, steps * _BATCH.value, rng)
+    else:
+        if not _ROLLOUTS.value:
+            raise ValueError("--sft_teacher=rollouts needs --sft_rollouts")
+        examples = rollout_examples(world, _ROLLOUTS.value, _MIN_REWARD.value)
+    optimizer = OptimizerConfig(
+        learning_rate=_LR.value, schedule="constant", warmup_steps=min(_WARMUP.value, steps), total_steps=max(steps, 1)
+    )
+    trainer = SupervisedTrainer(model, SFTConfig(optimizer=optimizer, batch_size=_BATCH.value, seed=seed))
+
+    def report(index: int, metrics: dict[str, float]) -> None:
+        if (index + 1) % 10 == 0 or index + 1 == steps:
+            log.info("sft step %d/%d nll %.4f grad_norm %.3f", index + 1, steps, metrics["nll"], metrics["grad_norm"])
+
+    history = trainer.fit(examples, steps, world.tokenizer.pad_token_id or 0, on_step=report)
+    return history
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    logging.getLogger().setLevel(logging.INFO)
+    out = pathlib.Path(_OUT.value)
+    model, tokenizer, model_dir = common.load_conductor(out / "init")
+    world = common.EnvWorld(common.build_env(), tokenizer)
+    generator, sync = common.build_generator(model_dir, out)
+    probe = list(range(min(8, world.num_questions)))
+    params = SamplingParams(temperature=1.0, max_new_tokens=common.sampling_params().max_new_tokens, seed=common.seed())
+    before = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)
+    log.info("valid workflows before warm-start: %.1f%%", 100 * before)
+    history = warm_start(model, world, _STEPS.value, common.seed())
+    sync(model, 1)
+    after = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)
+    log.info("valid workflows after %d steps: %.1f%%", _STEPS.value, 100 * after)
+    hf_io.save(model, out)
+    tokenizer.save_pretrained(out)
+    generator.close()
+    print(json.dumps({"valid_before": before, "valid_after": after, "final_nll": history[-1]["nll"],
+                      "steps": _STEPS.value, "out": str(out)}))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,172 @@
+"""GRPO training of the Conductor: `python -m launch.train --flagfile=launch/configs/quickstart.cfg`.
+
+Builds the world (`--world`), the Conductor (`--conductor`, optionally warm-started with `--warm_start_steps`), the
+generator and its weight sync (`--generator`, `--sync`), the learner (estimator, loss, optimizer flags) and runs
+`rl.loop.TrainingLoop`. Writes TensorBoard events, metrics.jsonl and rollouts.jsonl to `--logdir`, checkpoints to
+`--checkpoint_dir` (default `<logdir>/checkpoints`), and the trained Conductor as an HF directory to
+`<logdir>/conductor_final` (what `launch.eval` and `launch.serve` take as `--conductor`). Rerunning the same
+command resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+
+from absl import app, flags
+
+from launch import common, sft
+from launch.evaluation import evaluate
+from models import hf_io
+from models.sharding import make_mesh
+from rl.advantages import ESTIMATORS
+from rl.checkpoint import Checkpointer
+from rl.learner import Learner, LearnerConfig, OptimizerConfig
+from rl.loop import LoopConfig, TrainingLoop
+from rl.losses import LossConfig
+from rl.metrics import MetricsWriter
+
+# -- what researchers ablate -----------------------------------------------------------------------------------------
+_ESTIMATOR = flags.DEFINE_enum("estimator", "grpo", sorted(ESTIMATORS), "Advantage estimator.")
+_STD_SCALING = flags.DEFINE_enum("std_scaling", "group", ["group", "batch", "none"], "grpo's std scaling.")
+_POLICY_LOSS = flags.DEFINE_enum("policy_loss", "ppo", ["ppo", "gspo", "cispo"], "Policy loss.")
+_AGGREGATION = flags.DEFINE_enum(
+    "aggregation", "seq-mean-token-mean",
+    ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"], "Loss aggregation.",
+)
+_CLIP_LOW = flags.DEFINE_float("clip_low", 0.2, "Lower ratio clip (1 - clip_low).")
+_CLIP_HIGH = flags.DEFINE_float("clip_high", 0.2, "Upper ratio clip (1 + clip_high); > clip_low is clip-higher.")
+_DUAL_CLIP = flags.DEFINE_float("dual_clip", None, "Dual-clip constant c > 1 for negative advantages (off: unset).")
+_KL_COEF = flags.DEFINE_float("kl_coef", 0.0, "KL penalty to the frozen initial policy (0: no reference model).")
+_KL_ESTIMATOR = flags.DEFINE_enum("kl_estimator", "k3", ["k1", "k2", "k3", "k1+", "k2+", "k3+"], "KL estimator.")
+_ENTROPY_COEF = flags.DEFINE_float("entropy_coef", 0.0, "Entropy bonus weight.")
+_MISMATCH = flags.DEFINE_enum(
+    "mismatch_correction", "none", ["none", "tis-token", "tis-seq", "mask-token", "mask-seq"],
+    "Correction for sampler vs learner log-prob mismatch.",
+)
+_MISMATCH_CAP = flags.DEFINE_float("mismatch_cap", 2.0, "Cap of the mismatch importance weights.")
+_DYNAMIC_SAMPLING = flags.DEFINE_boolean("dynamic_sampling", False, "Drop groups whose rewards all agree.")
+_QUESTIONS = flags.DEFINE_integer("questions_per_step", 4, "Questions per iteration.")
+_GROUP = flags.DEFINE_integer("group_size", 8, "Completions per question.")
+_ITERATIONS = flags.DEFINE_integer("iterations", 20, "Training iterations.")
+_PPO_EPOCHS = flags.DEFINE_integer("num_iterations", 1, "Passes over each batch (mu in GRPO).")
+_MINI_BATCH = flags.DEFINE_integer("mini_batch_size", None, "Sequences per optimizer step (default: whole batch).")
+_MICRO_BATCH = flags.DEFINE_integer("micro_batch_size", None, "Sequences per forward/backward pass.")
+_LR = flags.DEFINE_float("lr", 1e-6, "Peak learning rate (AdamW).")
+_SCHEDULE = flags.DEFINE_enum("lr_schedule", "cosine", ["cosine", "constant"], "Learning-rate schedule after warmup.")
+_WARMUP_RATIO = flags.DEFINE_float("warmup_ratio", 0.03, "Fraction of optimizer steps spent warming up.")
+_WEIGHT_DECAY = flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay.")
+_MAX_GRAD_NORM = flags.DEFINE_float("max_grad_norm", 1.0, "Global gradient-norm clip.")
+_MESH_FSDP = flags.DEFINE_integer("mesh_fsdp", 1, "Devices on the fsdp mesh axis.")
+_MESH_TP = flags.DEFINE_integer("mesh_tp", 1, "Devices on the tensor-parallel mesh axis.")
+_WARM_START_STEPS = flags.DEFINE_integer("warm_start_steps", 0, "Supervised format warm-start steps before RL.")
+# -- run bookkeeping ---------------------------------------------------------------------------------------------------
+_LOG_DIR = flags.DEFINE_string("logdir", "runs/train", "TensorBoard events, metrics.jsonl, rollouts.jsonl.")
+_CHECKPOINT_DIR = flags.DEFINE_string("checkpoint_dir", None, "Checkpoints (default: <logdir>/checkpoints).")
+_CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", 10, "Iterations between checkpoints.")
+_KEEP = flags.DEFINE_integer("keep_checkpoints", 3, "Checkpoints kept.")
+_RESUME = flags.DEFINE_boolean("resume", True, "Resume from the latest checkpoint when one exists.")
+_EVAL_TASKS = flags.DEFINE_list("eval_tasks", [], "Held-out task files evaluated after training (greedy).")
+
+log = logging.getLogger(__name__)
+
+
+def learner_config(num_completions: int, max_completion_tokens: int) -> LearnerConfig:
+    steps_per_update = _PPO_EPOCHS.value * max(num_completions // (_MINI_BATCH.value or num_completions), 1)
+    total_steps = _ITERATIONS.value * steps_per_update
+    loss = LossConfig(
+        policy_loss=_POLICY_LOSS.value,
+        clip_low=_CLIP_LOW.value,
+        clip_high=_CLIP_HIGH.value,
+        dual_clip=_DUAL_CLIP.value,
+        aggregation=_AGGREGATION.value,
+        norm_length=max_completion_tokens,
+        kl_coef=_KL_COEF.value,
+        kl_estimator=_KL_ESTIMATOR.value,
+        entropy_coef=_ENTROPY_COEF.value,
+        mismatch_correction=_MISMATCH.value,
+        mismatch_cap=_MISMATCH_CAP.value,
+    )
+    optimizer = OptimizerConfig(
+        learning_rate=_LR.value,
+        weight_decay=_WEIGHT_DECAY.value,
+        warmup_steps=int(round(_WARMUP_RATIO.value * total_steps)),
+        schedule=_SCHEDULE.value,
+        total_steps=total_steps,
+        max_grad_norm=_MAX_GRAD_NORM.value,
+    )
+    return LearnerConfig(
+        loss=loss,
+        optimizer=optimizer,
+        num_iterations=_PPO_EPOCHS.value,
+        mini_batch_size=_MINI_BATCH.value,
+        micro_batch_size=_MICRO_BATCH.value,
+        temperature=common.sampling_params().temperature,
+    )
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    logging.getLogger().setLevel(logging.INFO)
+    log_dir = pathlib.Path(_LOG_DIR.value)
+    checkpoint_dir = pathlib.Path(_CHECKPOINT_DIR.value or log_dir / "checkpoints")
+    if not _RESUME.value and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
+        raise SystemExit(f"{checkpoint_dir} holds checkpoints and --noresume was given; choose a new --logdir")
+
+    model, tokenizer, model_dir = common.load_conductor(log_dir / "conductor_init")
+    env = common.build_env()
+    world = common.EnvWorld(env, tokenizer)
+    checkpointer = Checkpointer(checkpoint_dir, keep=_KEEP.value)
+    if _WARM_START_STEPS.value and checkpointer.latest_step() is None:
+        sft.warm_start(model, world, _WARM_START_STEPS.value, common.seed())
+
+    generator, weight_sync = common.build_generator(model_dir, log_dir)
+    sampling = common.sampling_params()
+    mesh = None
+    if _MESH_FSDP.value * _MESH_TP.value > 1:
+        mesh = make_mesh(fsdp=_MESH_FSDP.value, tp=_MESH_TP.value)
+    learner = Learner(model, learner_config(_QUESTIONS.value * _GROUP.value, sampling.max_new_tokens), mesh=mesh)
+    loop_config = LoopConfig(
+        iterations=_ITERATIONS.value,
+        questions_per_step=_QUESTIONS.value,
+        group_size=_GROUP.value,
+        estimator=_ESTIMATOR.value,
+        estimator_options={"std_scaling": _STD_SCALING.value} if _ESTIMATOR.value == "grpo" else {},
+        dynamic_sampling=_DYNAMIC_SAMPLING.value,
+        recursion=env.config.recursion_rounds > 0,
+        checkpoint_every=_CHECKPOINT_EVERY.value,
+        seed=common.seed(),
+    )
+    writer = MetricsWriter(log_dir)
+    loop = TrainingLoop(
+        loop_config,
+        learner=learner,
+        sampler=generator,
+        sampling_params=sampling,
+        weight_sync=weight_sync,
+        world=world,
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        writer=writer,
+        checkpointer=checkpointer,
+    )
+    history = loop.run()
+    final_dir = hf_io.save(learner.model, log_dir / "conductor_final")
+    tokenizer.save_pretrained(final_dir)
+    summary = {"iterations": loop.iteration, "logdir": str(log_dir), "conductor_final": str(final_dir)}
+    if history:
+        head, tail = history[: max(len(history) // 5, 1)], history[-max(len(history) // 5, 1):]
+        summary["reward_first_fifth"] = sum(h["reward/mean"] for h in head) / len(head)
+        summary["reward_last_fifth"] = sum(h["reward/mean"] for h in tail) / len(tail)
+    if env.world.oracle is not None:
+        summary["oracle_expected_reward"] = env.world.oracle.expected_reward
+    if _EVAL_TASKS.value:
+        summary["eval"] = evaluate(generator, common.EnvWorld(common.build_env(_EVAL_TASKS.value), tokenizer))
+    writer.close()
+    checkpointer.close()
+    generator.close()
+    print(json.dumps(summary, sort_keys=True))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,115 @@
+"""End to end: `python -m launch.train` with a tiny Conductor on the synthetic world, as a user runs it.
+
+The world has one always-right worker and three always-wrong ones, so the reward is 1 for routing to worker 0 and
+0.5 otherwise (0.625 under the uniform routing the warm-start teaches). A few GRPO iterations must raise it; the run
+must write checkpoints, TensorBoard scalars and metrics.jsonl, and continue from its checkpoint when rerun or killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+pytestmark = pytest.mark.slow
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+FLAGS = (
+    "--world=synthetic",
+    "--synthetic_skills=1,1,1,1;0,0,0,0;0,0,0,0;0,0,0,0",
+    "--synthetic_tasks=64",
+    "--conductor=tiny",
+    "--tiny_layers=2",
+    "--tiny_width=128",
+    "--warm_start_steps=80",
+    "--sft_lr=3e-3",
+    "--sft_templates=single",
+    "--questions_per_step=4",
+    "--group_size=8",
+    "--lr=1e-3",
+    "--lr_schedule=constant",
+    "--warmup_ratio=0",
+    "--max_tokens=64",
+    "--checkpoint_every=2",
+)
+
+
+def train_command(logdir: pathlib.Path, iterations: int) -> list[str]:
+    return [sys.executable, "-m", "launch.train", *FLAGS, f"--logdir={logdir}", f"--iterations={iterations}"]
+
+
+def train(logdir: pathlib.Path, iterations: int) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        train_command(logdir, iterations), cwd=REPO, capture_output=True, text=True, timeout=1200
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def metric_records(logdir: pathlib.Path) -> list[dict]:
+    path = logdir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def tensorboard_steps(logdir: pathlib.Path, tag: str) -> list[int]:
+    accumulator = EventAccumulator(str(logdir), purge_orphaned_data=True)
+    accumulator.Reload()
+    return [event.step for event in accumulator.Scalars(tag)]
+
+
+def test_training_raises_reward_logs_checkpoints_and_resumes(tmp_path):
+    logdir = tmp_path / "run"
+    first = train(logdir, iterations=8)
+
+    records = metric_records(logdir)
+    assert [r["step"] for r in records] == list(range(1, 9))
+    rewards = [r["reward/mean"] for r in records]
+    assert all(r["rollout/valid_format"] > 0.5 for r in records), "the warm-start should teach the format"
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.05, rewards
+    for name in ("learner/loss", "learner/grad_norm", "time/generate", "time/learn", "rollout/correct"):
+        assert name in records[-1]
+    assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 9))
+    checkpoints = sorted(int(p.name) for p in (logdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert checkpoints[-1] == 8
+    summary = json.loads(first.stdout.strip().splitlines()[-1])
+    assert summary["iterations"] == 8
+    assert (pathlib.Path(summary["conductor_final"]) / "model.safetensors").exists()
+
+    resumed = train(logdir, iterations=10)
+    assert "resumed from checkpoint 8" in resumed.stderr
+    records = metric_records(logdir)
+    assert [r["step"] for r in records] == list(range(1, 11))
+    assert records[-1]["policy_version"] == 10.0
+    assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 11))
+
+
+def test_killed_run_resumes_from_its_checkpoint_without_duplicating_metrics(tmp_path):
+    logdir = tmp_path / "run"
+    process = subprocess.Popen(
+        train_command(logdir, iterations=6), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 900
+    # Kill it after iteration 3 is logged: past checkpoint 2, before checkpoint 4.
+    while not any(r["step"] == 3 for r in metric_records(logdir)):
+        assert process.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+    resumed = train(logdir, iterations=6)
+    assert "resumed from checkpoint 2" in resumed.stderr
+    records = metric_records(logdir)
+    assert [r["step"] for r in records] == list(range(1, 7))
+    assert [r["data_position"] for r in records] == [4.0 * step for step in range(1, 7)]
+    assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 7))
+    rollout_steps = [json.loads(line)["step"] for line in (logdir / "rollouts.jsonl").read_text().splitlines()]
+    assert rollout_steps == [step for step in range(1, 7) for _ in range(4 * 8)]
