@@ -34,7 +34,12 @@ class MetricsWriter:
         self.logdir = pathlib.Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
         self._events = EventFileWriter(str(self.logdir))
+        fresh = not (self.logdir / "metrics.jsonl").exists()
         self._jsonl = open(self.logdir / "metrics.jsonl", "a", encoding="utf-8")
+        if fresh:
+            # TensorBoard takes a run's first SessionLog START as its opening and any later one (`discard_after`) as
+            # a restart, on which it purges the orphaned events of the steps that will be logged again.
+            self._session_log(0)
         self._rollouts = open(self.logdir / "rollouts.jsonl", "a", encoding="utf-8")
 
     def log(
@@ -68,6 +73,8 @@ class MetricsWriter:
         }
         self._jsonl.write(json.dumps(record, sort_keys=True) + "\n")
         self._jsonl.flush()
+        # A killed run must not lose what it logged: TensorBoard's writer would otherwise hold events for minutes.
+        self._events.flush()
 
     def log_rollouts(self, step: int, records: list[dict]) -> None:
         """Appends one JSON object per rollout (each tagged with `step`) to logdir/rollouts.jsonl."""
@@ -88,8 +95,12 @@ class MetricsWriter:
             kept = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
                     if json.loads(line)["step"] <= step]
             path.write_text("".join(kept), encoding="utf-8")  # the append-mode handles write at the new end
+        self._session_log(int(step) + 1)
+
+    def _session_log(self, step: int) -> None:
         start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
-        self._events.add_event(event_pb2.Event(wall_time=time.time(), step=int(step) + 1, session_log=start))
+        self._events.add_event(event_pb2.Event(wall_time=time.time(), step=step, session_log=start))
+        self._events.flush()
 
     def flush(self) -> None:
         self._events.flush()
