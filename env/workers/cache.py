@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import time
 from typing import Any, Sequence
 
 from env.workers.base import Message, WorkerReply
@@ -56,6 +57,9 @@ def cache_key(
     return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
+OPEN_TIMEOUT_S = 30.0
+
+
 class ResponseCache:
     """`await get(key)` / `await put(key, ...)` over an SQLite file; also usable as a context manager."""
 
@@ -67,12 +71,22 @@ class ResponseCache:
         self._connection: sqlite3.Connection = self._thread.submit(self._open).result()
 
     def _open(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(self.path, timeout=30.0)
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA synchronous=NORMAL")
-        connection.execute(_SCHEMA)
-        connection.commit()
-        return connection
+        deadline = time.monotonic() + OPEN_TIMEOUT_S
+        while True:
+            connection = sqlite3.connect(self.path, timeout=OPEN_TIMEOUT_S)
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                connection.execute("PRAGMA synchronous=NORMAL")
+                connection.execute(_SCHEMA)
+                connection.commit()
+                return connection
+            except sqlite3.OperationalError as error:
+                connection.close()
+                # Several processes opening a new file at once race to switch it to WAL; SQLite answers "locked"
+                # at once there instead of waiting out its busy timeout, so wait and try again.
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def __repr__(self) -> str:
         return f"ResponseCache({self.path!r})"
