@@ -41,7 +41,18 @@ def parse_chat_completion(response: Any) -> tuple[str, int, int]:
     return response.choices[0].message.content or "", prompt_tokens, completion_tokens
 
 
-class OpenAIWorker(ApiWorker):
+class _OpenAIClientWorker(ApiWorker):
+    """What every worker reached through the official `openai` SDK shares: its client (SDK retries off, so ours
+    are the ones that run) and its error classification."""
+
+    def _make_client(self, api_key: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(api_key=api_key, base_url=self.base_url, max_retries=0, timeout=self.retry.timeout_s)
+
+    def _classify(self, error: Exception) -> Failure | None:
+        return classify_openai_error(error)
+
+
+class OpenAIWorker(_OpenAIClientWorker):
     """The OpenAI API. Reasoning models (GPT-5) take `reasoning_effort` and only their default temperature,
     so the temperature is sent only when no reasoning effort is set."""
 
@@ -66,12 +77,6 @@ class OpenAIWorker(ApiWorker):
     def _settings(self) -> str:
         return f"reasoning_effort={self.reasoning_effort}" if self.reasoning_effort is not None else ""
 
-    def _make_client(self, api_key: str) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(api_key=api_key, base_url=self.base_url, max_retries=0, timeout=self.retry.timeout_s)
-
-    def _classify(self, error: Exception) -> Failure | None:
-        return classify_openai_error(error)
-
     async def _request(
         self, client: Any, messages: Sequence[Message], *, max_tokens: int, temperature: float, seed: int | None
     ) -> tuple[str, int, int]:
@@ -85,7 +90,7 @@ class OpenAIWorker(ApiWorker):
         return parse_chat_completion(await client.chat.completions.create(**kwargs))
 
 
-class OpenAICompatibleWorker(ApiWorker):
+class OpenAICompatibleWorker(_OpenAIClientWorker):
     """An OpenAI-compatible server (SGLang, vLLM) at `base_url`, e.g. serving Qwen3, Gemma 3 or R1 distills.
 
     `enable_thinking` toggles Qwen3's thinking through the chat template (`chat_template_kwargs`); None leaves
@@ -112,12 +117,6 @@ class OpenAICompatibleWorker(ApiWorker):
 
     def _settings(self) -> str:
         return f"enable_thinking={self.enable_thinking}" if self.enable_thinking is not None else ""
-
-    def _make_client(self, api_key: str) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(api_key=api_key, base_url=self.base_url, max_retries=0, timeout=self.retry.timeout_s)
-
-    def _classify(self, error: Exception) -> Failure | None:
-        return classify_openai_error(error)
 
     async def _request(
         self, client: Any, messages: Sequence[Message], *, max_tokens: int, temperature: float, seed: int | None
