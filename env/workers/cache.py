@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pathlib
 import sqlite3
 import time
 from typing import Any, Sequence
@@ -65,6 +66,7 @@ class ResponseCache:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        pathlib.Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.hits = 0
         self.misses = 0
         self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-cache")

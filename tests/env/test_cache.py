@@ -44,6 +44,15 @@ def test_replies_round_trip_and_persist_across_instances(tmp_path):
     assert sqlite3.connect(tmp_path / "c.sqlite").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+def test_a_cache_in_a_directory_that_does_not_exist_yet_creates_it(tmp_path):
+    path = tmp_path / "runs" / "eval" / "cache.sqlite"
+    reply = WorkerReply("<answer>7</answer>", 3, 1, 0.0, 0.1)
+    with ResponseCache(path) as cache:
+        asyncio.run(cache.put("k", "openai", "gpt-5", reply))
+    with ResponseCache(path) as cache:
+        assert asyncio.run(cache.get("k")) == reply
+
+
 def test_concurrent_writers_lose_nothing(tmp_path):
     path = tmp_path / "c.sqlite"
 
