@@ -1,8 +1,10 @@
 """Per-token log-probabilities without materialising `[batch, time, vocab]` logits.
 
 The sequence is cut into chunks; each chunk's logits are computed, reduced to one log-prob (and entropy) per
-token, and dropped. The chunk function is rematerialised, so the backward pass recomputes one chunk's logits
-at a time too. With Qwen's 152k vocabulary this is the difference between megabytes and tens of gigabytes.
+token, and dropped. With several chunks the chunk function is rematerialised, so the backward pass recomputes one
+chunk's logits at a time too. With Qwen's 152k vocabulary this is the difference between megabytes and tens of
+gigabytes. A single chunk is not rematerialised: its logits are all there is, so recomputing them would only add a
+vocabulary matmul to the backward pass without lowering the peak.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     return_entropy: bool = False,
+    entropy_gradient: bool = True,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """`log_softmax(logits / temperature)[b, t, targets[b, t]]` as float32 `[B, T]`.
 
     Hidden at position t predicts the token at t + 1: callers pass `targets` already shifted. With
-    `return_entropy`, also returns the entropy of the same tempered distribution at each position.
+    `return_entropy`, also returns the entropy of the same tempered distribution at each position; with
+    `entropy_gradient=False` that entropy is a constant to autodiff (a logged metric), so no backward pass runs
+    through its vocabulary-wide terms.
     """
     if hidden.ndim != 3:
         raise ValueError(f"hidden must be [batch, time, hidden], got shape {hidden.shape}")
@@ -48,7 +53,6 @@ def token_logprobs(
     hidden_chunks = hidden.reshape(batch, num_chunks, chunk, width).swapaxes(0, 1)
     target_chunks = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
 
-    @jax.checkpoint
     def chunk_stats(hidden_chunk: jax.Array, target_chunk: jax.Array) -> tuple[jax.Array, jax.Array]:
         logits = model.logits(hidden_chunk).astype(jnp.float32) / temperature
         log_normaliser = jax.nn.logsumexp(logits, axis=-1)
@@ -56,14 +60,21 @@ def token_logprobs(
         logp = target_logits - log_normaliser
         if not return_entropy:
             return logp, jnp.zeros_like(logp)
+        if not entropy_gradient:
+            logits, log_normaliser = jax.lax.stop_gradient((logits, log_normaliser))
         probs = jnp.exp(logits - log_normaliser[..., None])
         entropy = log_normaliser - jnp.sum(probs * logits, axis=-1)
         return logp, entropy
 
-    def step(carry: None, chunk_inputs: tuple[jax.Array, jax.Array]) -> tuple[None, tuple[jax.Array, jax.Array]]:
-        return carry, chunk_stats(*chunk_inputs)
+    if num_chunks == 1:
+        logp, entropy = jax.tree.map(lambda x: x[None], chunk_stats(hidden_chunks[0], target_chunks[0]))
+    else:
+        rematerialised_stats = jax.checkpoint(chunk_stats)
 
-    _, (logp, entropy) = jax.lax.scan(step, None, (hidden_chunks, target_chunks))
+        def step(carry: None, chunk_inputs: tuple[jax.Array, jax.Array]) -> tuple[None, tuple[jax.Array, jax.Array]]:
+            return carry, rematerialised_stats(*chunk_inputs)
+
+        _, (logp, entropy) = jax.lax.scan(step, None, (hidden_chunks, target_chunks))
 
     def unchunk(values: jax.Array) -> jax.Array:
         return values.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]

@@ -74,8 +74,9 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(config.head_dim, **norm)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
+        """`x` is `[B * T, hidden]` (tokens flattened, see `Transformer.__call__`); `cos`, `sin` are `[B, T, D]`."""
         config = self.config
-        batch, length, _ = x.shape
+        batch, length = cos.shape[:2]
         q = self.q_proj(x).reshape(batch, length, config.num_heads, config.head_dim)
         k = self.k_proj(x).reshape(batch, length, config.num_kv_heads, config.head_dim)
         v = self.v_proj(x).reshape(batch, length, config.num_kv_heads, config.head_dim)
@@ -91,7 +92,7 @@ class Attention(nnx.Module):
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(config.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-        return self.o_proj(out.reshape(batch, length, config.num_heads * config.head_dim))
+        return self.o_proj(out.reshape(batch * length, config.num_heads * config.head_dim))
 
 
 class MLP(nnx.Module):
@@ -162,13 +163,18 @@ class Transformer(nnx.Module):
                 "must have the same [batch, time] shape"
             )
         config = self.config
-        x = self.embed_tokens(tokens)
+        batch, length = tokens.shape
+        # The layers see tokens flattened to [B * T, hidden], so every projection is a 2-D matmul. Autodiff of a
+        # [B, T, in] x [in, out] product contracts the weight gradient over two leading axes, which XLA:CPU lays out
+        # through a transposed copy of the fused cotangent; the 2-D form runs as one plain GEMM (SmolLM2-sized MLP
+        # forward + backward at 2048 tokens: 303 ms -> 225 ms).
+        x = self.embed_tokens(tokens).reshape(batch * length, config.hidden_size)
         cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
         mask = attention_mask_4d(attention_mask.astype(jnp.bool_))
         run_layer = _run_layer_remat if config.remat else _run_layer
         for layer in self.layers:
             x = run_layer(layer, x, cos, sin, mask)
-        return self.norm(x)
+        return self.norm(x).reshape(batch, length, config.hidden_size)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """`[..., vocab]` logits in the compute dtype."""

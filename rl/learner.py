@@ -142,6 +142,7 @@ def _forward(graphdef, params, other_state, tokens, positions, attention_mask, c
         temperature=config.temperature,
         chunk_size=config.logprob_chunk_size,
         return_entropy=True,
+        entropy_gradient=config.loss.entropy_coef > 0,
     )
     pad = ((0, 0), (start, 0))
     return jnp.pad(logprobs, pad), jnp.pad(entropy, pad)
@@ -184,14 +185,22 @@ def _train_step(graphdef, params, other_state, opt_state, batch: Trajectories, r
             num_tokens=num_tokens,
         )
 
-    def accumulate(grads, micro):
-        (_, metrics), micro_grads = jax.value_and_grad(micro_loss, has_aux=True)(params, *micro)
-        return jax.tree.map(jnp.add, grads, micro_grads), metrics
+    def micro_gradient(micro):
+        (_, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params, *micro)
+        return grads, metrics
 
-    micro_batches = _split_rows((batch, token_weights, ref_logprobs), num_micro_batches)
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    grads, metrics = jax.lax.scan(accumulate, zeros, micro_batches)
-    metrics = jax.tree.map(lambda x: x.sum(axis=0), metrics)
+    if num_micro_batches == 1:
+        # No one-step scan: XLA kept it as a while loop around the whole forward and backward pass.
+        grads, metrics = micro_gradient((batch, token_weights, ref_logprobs))
+    else:
+        def accumulate(grads, micro):
+            micro_grads, metrics = micro_gradient(micro)
+            return jax.tree.map(jnp.add, grads, micro_grads), metrics
+
+        micro_batches = _split_rows((batch, token_weights, ref_logprobs), num_micro_batches)
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        grads, metrics = jax.lax.scan(accumulate, zeros, micro_batches)
+        metrics = jax.tree.map(lambda x: x.sum(axis=0), metrics)
     metrics["grad_norm"] = optax.global_norm(grads)
     updates, opt_state = config.optimizer.make().update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, metrics

@@ -80,6 +80,31 @@ def test_chunked_gradients_equal_unchunked_gradients(family):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("chunk_size", [3, LENGTH])
+def test_entropy_without_gradient_has_the_same_values_and_adds_nothing_to_the_gradient(chunk_size):
+    model = make_model("llama")
+    graphdef, params = nnx.split(model)
+    hidden, targets = make_inputs(model)
+    weights = jax.random.normal(jax.random.key(0), (BATCH, LENGTH))
+
+    def loss(params, entropy_gradient):
+        logp, entropy = token_logprobs(nnx.merge(graphdef, params), hidden, targets, chunk_size=chunk_size,
+                                       return_entropy=True, entropy_gradient=entropy_gradient)
+        return jnp.sum(weights * (logp + entropy)), entropy
+
+    def logp_only_loss(params):
+        return jnp.sum(weights * token_logprobs(nnx.merge(graphdef, params), hidden, targets, chunk_size=chunk_size))
+
+    (_, entropy), grads = jax.value_and_grad(loss, has_aux=True)(params, False)
+    (_, reference_entropy), with_entropy = jax.value_and_grad(loss, has_aux=True)(params, True)
+    np.testing.assert_array_equal(np.asarray(entropy), np.asarray(reference_entropy))
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(jax.grad(logp_only_loss)(params))):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=1e-5)
+    # The entropy does carry a gradient when asked to, so the check above is not vacuous.
+    assert not all(np.allclose(np.asarray(got), np.asarray(other))
+                   for got, other in zip(jax.tree.leaves(grads), jax.tree.leaves(with_entropy)))
+
+
 def _all_shapes(jaxpr):
     for eqn in jaxpr.eqns:
         for var in eqn.outvars:
