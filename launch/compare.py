@@ -120,7 +120,9 @@ def plot_curves(curves: Mapping[str, Sequence[np.ndarray]], path: pathlib.Path, 
 def parse_own_flags(argv: list[str]) -> list[str]:
     """Parses this script's flags and returns the rest (a `--flagfile` expanded): what every training run gets."""
     rest = COMPARE_FLAGS(argv, known_only=True)
-    flags.FLAGS(argv[:1])  # absl's own flags keep their defaults
+    # absl's own flags (--only_check_args, logging) keep their defaults; marking rather than parsing also skips the
+    # validators of flags that other launch modules imported into the same process may have registered.
+    flags.FLAGS.mark_as_parsed()
     return rest
 
 

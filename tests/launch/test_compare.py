@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from absl import flags
 
 from launch import compare
 
@@ -51,6 +52,9 @@ def test_summary_averages_seeds_over_the_first_and_last_fifth_of_the_shortest_ru
 
 
 def test_own_flags_are_parsed_and_everything_else_goes_to_training(tmp_path):
+    # A required flag in the global FLAGS, as launch.serve registers one when a test imports it first.
+    flags.DEFINE_string("compare_test_required", None, "required elsewhere")
+    flags.mark_flag_as_required("compare_test_required")
     flagfile = tmp_path / "run.cfg"
     flagfile.write_text("--world=synthetic\n--lr=2e-4\n--estimator=grpo\n")
     rest = compare.parse_own_flags(
