@@ -22,6 +22,7 @@ import numpy as np
 from absl import app, flags
 
 from rl.advantages import ESTIMATORS
+from rl.metrics import first_and_last_fifth, read_metrics
 
 # Own FlagValues: everything it does not define goes to launch.train untouched, even where a test process has
 # imported launch.train and its flags live in the global FLAGS.
@@ -54,14 +55,16 @@ def train_command(train_args: Sequence[str], estimator: str, seed: int, logdir: 
 
 def read_curve(logdir: pathlib.Path, metric: str) -> np.ndarray:
     """The metric per iteration, in step order, from a run's metrics.jsonl."""
-    path = logdir / "metrics.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: has the run at {logdir} started?")
-    records = sorted((json.loads(line) for line in path.read_text().splitlines() if line.strip()),
-                     key=lambda record: record["step"])
+    records = read_metrics(logdir)
     if not records or metric not in records[0]:
-        raise KeyError(f"{path} has no scalar {metric!r}")
+        raise KeyError(f"{logdir / 'metrics.jsonl'} has no scalar {metric!r}")
     return np.asarray([record[metric] for record in records], dtype=np.float64)
+
+
+def aligned(runs: Sequence[np.ndarray]) -> np.ndarray:
+    """`[seeds, iterations]`: every seed's curve cut to the shortest, so an unfinished seed does not skew the mean."""
+    length = min(len(curve) for curve in runs)
+    return np.stack([curve[:length] for curve in runs])
 
 
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -75,17 +78,16 @@ def moving_average(values: np.ndarray, window: int) -> np.ndarray:
 
 
 def summarize(curves: Mapping[str, Sequence[np.ndarray]]) -> dict[str, dict[str, float]]:
-    """Per estimator: mean over seeds of the first and last fifth of the run (curves cut to the shortest seed)."""
+    """Per estimator: the first and last fifth of the mean over seeds (curves cut to the shortest seed)."""
     summary = {}
     for estimator, runs in curves.items():
-        length = min(len(curve) for curve in runs)
-        stacked = np.stack([curve[:length] for curve in runs])
-        part = max(1, length // 5)
+        stacked = aligned(runs)
+        first, last = first_and_last_fifth(stacked.mean(axis=0))
         summary[estimator] = {
-            "iterations": float(length),
+            "iterations": float(stacked.shape[1]),
             "seeds": float(len(runs)),
-            "first_fifth": float(stacked[:, :part].mean()),
-            "last_fifth": float(stacked[:, -part:].mean()),
+            "first_fifth": first,
+            "last_fifth": last,
         }
     return summary
 
@@ -100,12 +102,11 @@ def plot_curves(curves: Mapping[str, Sequence[np.ndarray]], path: pathlib.Path, 
     figure, axis = pyplot.subplots(figsize=(8, 5))
     for index, (estimator, runs) in enumerate(curves.items()):
         color = f"C{index}"
-        length = min(len(curve) for curve in runs)
-        steps = np.arange(1, length + 1)
-        for curve in runs:
-            axis.plot(steps, moving_average(curve[:length], window), color=color, alpha=0.25, linewidth=1)
-        mean = np.mean([curve[:length] for curve in runs], axis=0)
-        axis.plot(steps, moving_average(mean, window), color=color, linewidth=2,
+        stacked = aligned(runs)
+        steps = np.arange(1, stacked.shape[1] + 1)
+        for curve in stacked:
+            axis.plot(steps, moving_average(curve, window), color=color, alpha=0.25, linewidth=1)
+        axis.plot(steps, moving_average(stacked.mean(axis=0), window), color=color, linewidth=2,
                   label=f"{estimator} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
     axis.set_xlabel("iteration")
     axis.set_ylabel(f"{metric} (moving average over {window})")

@@ -25,7 +25,7 @@ from rl.checkpoint import Checkpointer
 from rl.learner import Learner, LearnerConfig, OptimizerConfig
 from rl.loop import LoopConfig, TrainingLoop
 from rl.losses import LossConfig
-from rl.metrics import MetricsWriter
+from rl.metrics import MetricsWriter, first_and_last_fifth
 
 # -- what researchers ablate -----------------------------------------------------------------------------------------
 _ESTIMATOR = flags.DEFINE_enum("estimator", "grpo", sorted(ESTIMATORS), "Advantage estimator.")
@@ -155,9 +155,8 @@ def main(argv: list[str]) -> None:
     tokenizer.save_pretrained(final_dir)
     summary = {"iterations": loop.iteration, "logdir": str(log_dir), "conductor_final": str(final_dir)}
     if history:
-        head, tail = history[: max(len(history) // 5, 1)], history[-max(len(history) // 5, 1):]
-        summary["reward_first_fifth"] = sum(h["reward/mean"] for h in head) / len(head)
-        summary["reward_last_fifth"] = sum(h["reward/mean"] for h in tail) / len(tail)
+        first, last = first_and_last_fifth([h["reward/mean"] for h in history])
+        summary["reward_first_fifth"], summary["reward_last_fifth"] = first, last
     if env.world.oracle is not None:
         summary["oracle_expected_reward"] = env.world.oracle.expected_reward
     if _EVAL_TASKS.value:

@@ -10,7 +10,7 @@ import json
 import math
 import pathlib
 import time
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -25,6 +25,24 @@ HISTOGRAM_BUCKETS = 30
 def _json_number(value: float) -> float | None:
     """JSON has no NaN or infinity; those are written as null."""
     return value if math.isfinite(value) else None
+
+
+def read_metrics(logdir: str | pathlib.Path) -> list[dict[str, float | None]]:
+    """The records `MetricsWriter` wrote to `<logdir>/metrics.jsonl`, in step order."""
+    path = pathlib.Path(logdir) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: has the run at {logdir} started?")
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return sorted(records, key=lambda record: record["step"])
+
+
+def first_and_last_fifth(values: Sequence[float]) -> tuple[float, float]:
+    """Means of the first and of the last fifth (at least one value each) of per-iteration values: a run's
+    before and after, less noisy than its first and last iteration."""
+    if len(values) == 0:
+        raise ValueError("no values")
+    part = max(len(values) // 5, 1)
+    return float(np.mean(values[:part])), float(np.mean(values[-part:]))
 
 
 class MetricsWriter:

@@ -7,7 +7,6 @@ system where generation and scoring dominate.
 
 from __future__ import annotations
 
-import json
 import pathlib
 import statistics
 import subprocess
@@ -15,6 +14,7 @@ import sys
 import tempfile
 
 from launch.benchmarks.common import Report
+from rl.metrics import read_metrics
 
 ITERATIONS = 6
 PHASES = ("generate", "score", "learn", "sync")
@@ -29,7 +29,7 @@ def run() -> Report:
             f"--logdir={logdir}", f"--iterations={ITERATIONS}", f"--checkpoint_every={ITERATIONS}",
         ]
         subprocess.run(command, cwd=repo, check=True, capture_output=True, text=True)
-        records = [json.loads(line) for line in (pathlib.Path(logdir) / "metrics.jsonl").read_text().splitlines()]
+        records = read_metrics(logdir)
     timed = records[1:]
     per_iteration = statistics.median(r["time/iteration"] for r in timed)
     phase_seconds = {phase: statistics.median(r[f"time/{phase}"] for r in timed) for phase in PHASES}

@@ -7,7 +7,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
-from rl.metrics import MetricsWriter
+from rl.metrics import MetricsWriter, first_and_last_fifth, read_metrics
 
 
 def test_scalars_histograms_and_text_read_back(tmp_path):
@@ -52,3 +52,23 @@ def test_non_numeric_scalar_is_rejected(tmp_path):
     with pytest.raises((TypeError, ValueError)):
         writer.log(0, {"loss": "high"})
     writer.close()
+
+
+def test_read_metrics_returns_what_was_logged_in_step_order(tmp_path):
+    writer = MetricsWriter(tmp_path)
+    for step in (1, 2, 3):
+        writer.log(step, {"reward/mean": step / 10})
+    writer.close()
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(reversed(path.read_text().splitlines(keepends=True))))  # the reader must sort
+    assert [(r["step"], r["reward/mean"]) for r in read_metrics(tmp_path)] == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+        read_metrics(tmp_path / "absent")
+
+
+def test_first_and_last_fifth_average_a_fifth_of_the_run_and_at_least_one_value():
+    assert first_and_last_fifth([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]) == (1.5, 9.5)
+    assert first_and_last_fifth([4.0, 0.0, 8.0]) == (4.0, 8.0)
+    assert first_and_last_fifth([2.5]) == (2.5, 2.5)
+    with pytest.raises(ValueError, match="no values"):
+        first_and_last_fifth([])
