@@ -57,6 +57,13 @@ _LR = flags.DEFINE_float("lr", 1e-6, "Peak learning rate (AdamW).")
 _SCHEDULE = flags.DEFINE_enum("lr_schedule", "cosine", ["cosine", "constant"], "Learning-rate schedule after warmup.")
 _WARMUP_RATIO = flags.DEFINE_float("warmup_ratio", 0.03, "Fraction of optimizer steps spent warming up.")
 _WEIGHT_DECAY = flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay.")
+_ADAM_B1 = flags.DEFINE_float("adam_b1", 0.9, "AdamW first-moment decay.")
+_ADAM_B2 = flags.DEFINE_float("adam_b2", 0.999, "AdamW second-moment decay.")
+_ADAM_EPS = flags.DEFINE_float(
+    "adam_eps", 1e-8,
+    "AdamW epsilon. Raising it damps the update of parameters whose gradient is mostly noise; at 1e-8 Adam moves "
+    "every parameter by about the learning rate each step, whatever its gradient's size.",
+)
 _MAX_GRAD_NORM = flags.DEFINE_float("max_grad_norm", 1.0, "Global gradient-norm clip.")
 _MESH_FSDP = flags.DEFINE_integer("mesh_fsdp", 1, "Devices on the fsdp mesh axis.")
 _MESH_TP = flags.DEFINE_integer("mesh_tp", 1, "Devices on the tensor-parallel mesh axis.")
@@ -90,6 +97,9 @@ def learner_config(num_completions: int, max_completion_tokens: int) -> LearnerC
     )
     optimizer = OptimizerConfig(
         learning_rate=_LR.value,
+        b1=_ADAM_B1.value,
+        b2=_ADAM_B2.value,
+        eps=_ADAM_EPS.value,
         weight_decay=_WEIGHT_DECAY.value,
         warmup_steps=int(round(_WARMUP_RATIO.value * total_steps)),
         schedule=_SCHEDULE.value,

@@ -53,6 +53,8 @@ class OptimizerConfig:
             raise ValueError(f"OptimizerConfig.learning_rate must be > 0, got {self.learning_rate}")
         if not (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0):
             raise ValueError(f"OptimizerConfig betas must be in [0, 1), got {self.b1}, {self.b2}")
+        if self.eps <= 0:
+            raise ValueError(f"OptimizerConfig.eps must be > 0, got {self.eps}")
         if self.weight_decay < 0:
             raise ValueError(f"OptimizerConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if self.schedule not in ("cosine", "constant"):

@@ -215,6 +215,7 @@ def test_toy_bandit_learns_the_rewarded_token(estimator):
         (lambda: OptimizerConfig(schedule="linear"), "schedule"),
         (lambda: OptimizerConfig(warmup_steps=20, total_steps=10), "warmup_steps"),
         (lambda: OptimizerConfig(max_grad_norm=0.0), "max_grad_norm"),
+        (lambda: OptimizerConfig(eps=0.0), "eps"),
     ],
 )
 def test_bad_config_is_rejected(make, message):
