@@ -1,9 +1,11 @@
 """End to end: `python -m launch.train` with a tiny Conductor on the synthetic world, as a user runs it.
 
 The world has one always-right worker and three always-wrong ones (reward 1 for routing to worker 0, 0.5 otherwise).
-The warm-start must teach the action format; the run must log every iteration's scalars to TensorBoard and
-metrics.jsonl, write checkpoints and the final Conductor, and continue from its checkpoint when rerun or killed -9.
-(That reward rises within these few iterations is not asserted: at this size and step count it did not, reliably.)
+The warm-start must teach the action format and leave routing uniform (reward near 0.625); GRPO must then raise the
+reward by learning to route to worker 0. The run must log every iteration's scalars to TensorBoard and metrics.jsonl,
+write checkpoints and the final Conductor, and continue from its checkpoint when rerun or killed -9.
+Sampling at temperature 0.7 keeps the tiny Conductor's format noise low enough for the routing signal to show within
+ten iterations (at 1.0 a fifth of its samples broke the format and the rise was not reliable).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ FLAGS = (
     "--lr_schedule=constant",
     "--warmup_ratio=0",
     "--max_tokens=64",
+    "--temperature=0.7",
+    "--mini_batch_size=8",
     "--checkpoint_every=2",
 )
 
@@ -65,29 +69,32 @@ def tensorboard_steps(logdir: pathlib.Path, tag: str) -> list[int]:
     return [event.step for event in accumulator.Tensors(tag)]  # TensorBoard's own reader; scalars are tensors
 
 
-def test_training_logs_checkpoints_and_resumes(tmp_path):
+def test_training_raises_reward_logs_checkpoints_and_resumes(tmp_path):
     logdir = tmp_path / "run"
-    first = train(logdir, iterations=8)
+    first = train(logdir, iterations=10)
 
     records = metric_records(logdir)
-    assert [r["step"] for r in records] == list(range(1, 9))
+    assert [r["step"] for r in records] == list(range(1, 11))
     assert all(r["rollout/valid_format"] > 0.5 for r in records), "the warm-start should teach the format"
     assert all(0.5 <= r["reward/mean"] <= 1.0 for r in records if r["rollout/valid_format"] == 1.0)
     for name in ("learner/loss", "learner/grad_norm", "time/generate", "time/learn", "rollout/correct"):
         assert name in records[-1]
-    assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 9))
-    checkpoints = sorted(int(p.name) for p in (logdir / "checkpoints").iterdir() if p.name.isdigit())
-    assert checkpoints[-1] == 8
-    summary = json.loads(first.stdout.strip().splitlines()[-1])
-    assert summary["iterations"] == 8
-    assert (pathlib.Path(summary["conductor_final"]) / "model.safetensors").exists()
-
-    resumed = train(logdir, iterations=10)
-    assert "resumed from checkpoint 8" in resumed.stderr
-    records = metric_records(logdir)
-    assert [r["step"] for r in records] == list(range(1, 11))
-    assert records[-1]["policy_version"] == 10.0
     assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 11))
+    checkpoints = sorted(int(p.name) for p in (logdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert checkpoints[-1] == 10
+    summary = json.loads(first.stdout.strip().splitlines()[-1])
+    assert summary["iterations"] == 10
+    assert (pathlib.Path(summary["conductor_final"]) / "model.safetensors").exists()
+    # Measured on this seed: 0.547 over iterations 1-2, 0.938 over 9-10.
+    assert summary["reward_first_fifth"] < 0.7, summary
+    assert summary["reward_last_fifth"] >= summary["reward_first_fifth"] + 0.15, summary
+
+    resumed = train(logdir, iterations=12)
+    assert "resumed from checkpoint 10" in resumed.stderr
+    records = metric_records(logdir)
+    assert [r["step"] for r in records] == list(range(1, 13))
+    assert records[-1]["policy_version"] == 12.0
+    assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 13))
 
 
 def test_killed_run_resumes_from_its_checkpoint_without_duplicating_metrics(tmp_path):
