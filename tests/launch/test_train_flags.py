@@ -1,0 +1,32 @@
+"""`launch.train`'s optimizer flags reach the learner's config (the rest of the flags are exercised end to end)."""
+
+from __future__ import annotations
+
+import pytest
+from absl import flags
+from absl.testing import flagsaver
+
+from launch import train
+
+
+def test_optimizer_flags_reach_the_learner_config():
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    with flagsaver.flagsaver(
+        adam_b1=0.8, adam_b2=0.95, adam_eps=1e-5, weight_decay=0.01, lr=3e-4, lr_schedule="constant",
+        warmup_ratio=0.1, iterations=10, mini_batch_size=8, num_iterations=2, max_grad_norm=0.5,
+    ):
+        config = train.learner_config(num_completions=32, max_completion_tokens=64)
+    optimizer = config.optimizer
+    assert (optimizer.b1, optimizer.b2, optimizer.eps, optimizer.weight_decay) == (0.8, 0.95, 1e-5, 0.01)
+    assert (optimizer.learning_rate, optimizer.schedule, optimizer.max_grad_norm) == (3e-4, "constant", 0.5)
+    # 32 completions in mini-batches of 8, two passes, ten iterations: 80 optimizer steps, 8 of them warmup.
+    assert (optimizer.total_steps, optimizer.warmup_steps) == (80, 8)
+    assert (config.mini_batch_size, config.num_iterations, config.loss.norm_length) == (8, 2, 64)
+
+
+def test_a_non_positive_adam_eps_is_rejected():
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    with flagsaver.flagsaver(adam_eps=0.0), pytest.raises(ValueError, match="eps"):
+        train.learner_config(num_completions=32, max_completion_tokens=64)
