@@ -51,10 +51,17 @@ def test_summary_averages_seeds_over_the_first_and_last_fifth_of_the_shortest_ru
     assert summary["last_fifth"] == pytest.approx(np.mean([8, 9, 9, 10, 8, 9]))
 
 
-def test_own_flags_are_parsed_and_everything_else_goes_to_training(tmp_path):
-    # A required flag in the global FLAGS, as launch.serve registers one when a test imports it first.
+@pytest.fixture
+def required_global_flag():
+    """A required flag in the global FLAGS, as launch.serve registers one when a test imports it first; removed
+    afterwards so it cannot fail a later test that parses FLAGS."""
     flags.DEFINE_string("compare_test_required", None, "required elsewhere")
     flags.mark_flag_as_required("compare_test_required")
+    yield
+    delattr(flags.FLAGS, "compare_test_required")
+
+
+def test_own_flags_are_parsed_and_everything_else_goes_to_training(tmp_path, required_global_flag):
     flagfile = tmp_path / "run.cfg"
     flagfile.write_text("--world=synthetic\n--lr=2e-4\n--estimator=grpo\n")
     rest = compare.parse_own_flags(

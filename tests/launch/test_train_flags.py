@@ -9,9 +9,14 @@ from absl.testing import flagsaver
 from launch import train
 
 
-def test_optimizer_flags_reach_the_learner_config():
+@pytest.fixture(autouse=True)
+def parsed_flags():
+    """`learner_config` reads flag values, which absl refuses before FLAGS is parsed; defaults stand in."""
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
+
+
+def test_optimizer_flags_reach_the_learner_config():
     with flagsaver.flagsaver(
         adam_b1=0.8, adam_b2=0.95, adam_eps=1e-5, weight_decay=0.01, lr=3e-4, lr_schedule="constant",
         warmup_ratio=0.1, iterations=10, mini_batch_size=8, num_iterations=2, max_grad_norm=0.5,
@@ -26,7 +31,5 @@ def test_optimizer_flags_reach_the_learner_config():
 
 
 def test_a_non_positive_adam_eps_is_rejected():
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
     with flagsaver.flagsaver(adam_eps=0.0), pytest.raises(ValueError, match="eps"):
         train.learner_config(num_completions=32, max_completion_tokens=64)
