@@ -3,6 +3,12 @@
 Used before RL when the Conductor cannot yet write the action format (format warm-start on template workflows) and
 for rejection-sampling fine-tuning on logged high-reward rollouts. The loss is the mean negative log-likelihood of
 the completion tokens (`loss_mask`) at temperature 1; prompts only condition.
+
+Optional decision probe: a linear classifier, trained jointly and then discarded, that predicts a label of the
+question (its domain) from the hidden state at one completion position per example (where the first worker id is
+chosen). A uniformly routed teacher gives that state no reason to carry the question, so RL would start at a saddle
+where every domain sees the same routing logits; the probe makes the state carry the domain while the routing the
+student imitates stays uniform.
 """
 
 from __future__ import annotations
@@ -29,10 +35,23 @@ class SFTConfig:
     logprob_chunk_size: int = 256
     length_buckets: tuple[int, ...] = trajectories.DEFAULT_LENGTH_BUCKETS
     seed: int = 0
+    probe_classes: int = 0  # 0: no decision probe
+    probe_weight: float = 0.0  # weight of the probe's cross-entropy beside the mean NLL
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"SFTConfig.batch_size must be >= 1, got {self.batch_size}")
+        if self.probe_classes < 0 or self.probe_weight < 0:
+            raise ValueError(
+                f"SFTConfig.probe_classes and probe_weight must be >= 0, got {self.probe_classes}, {self.probe_weight}"
+            )
+        if (self.probe_classes == 0) != (self.probe_weight == 0):
+            raise ValueError(
+                "SFTConfig.probe_classes and probe_weight are both 0 (no probe) or both positive, got "
+                f"{self.probe_classes} and {self.probe_weight}"
+            )
+        if self.probe_classes == 1:
+            raise ValueError("SFTConfig.probe_classes must be >= 2 for a classifier, got 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,15 +60,38 @@ class Example:
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
+    probe_index: int | None = None  # completion token whose preceding hidden state the probe reads
+    probe_label: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.probe_index is None) != (self.probe_label is None):
+            raise ValueError("Example.probe_index and probe_label are given together or not at all")
+        if self.probe_index is not None and not 0 <= self.probe_index < len(self.completion_ids):
+            raise ValueError(
+                f"probe_index {self.probe_index} is outside the {len(self.completion_ids)}-token completion"
+            )
 
 
-def negative_log_likelihood(model: nnx.Module, batch: Trajectories, chunk_size: int) -> jax.Array:
-    """Mean NLL of the loss-masked tokens of `batch` (vocabulary logits only from `completion_start` on)."""
+def negative_log_likelihood(model: nnx.Module, hidden: jax.Array, batch: Trajectories, chunk_size: int) -> jax.Array:
+    """Mean NLL of the loss-masked tokens of `batch` given the model's `hidden` states (vocabulary logits only from
+    `completion_start` on)."""
     start = max(batch.completion_start, 1)
-    hidden = model(batch.tokens, batch.positions, batch.attention_mask)
     logprobs = token_logprobs(model, hidden[:, start - 1 : -1], batch.tokens[:, start:], chunk_size=chunk_size)
     mask = batch.loss_mask[:, start:].astype(jnp.float32)
     return -(logprobs * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def probe_cross_entropy(
+    probe: dict[str, jax.Array], hidden: jax.Array, positions: jax.Array, labels: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Mean cross-entropy and accuracy of the linear probe on `hidden[b, positions[b]]` against `labels[b]`, over
+    the rows with a label (label -1: none)."""
+    states = jnp.take_along_axis(hidden, positions[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+    logits = states @ probe["kernel"] + probe["bias"]
+    labelled = (labels >= 0).astype(jnp.float32)
+    count = jnp.maximum(labelled.sum(), 1.0)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0))
+    return (loss * labelled).sum() / count, ((logits.argmax(-1) == labels) * labelled).sum() / count
 
 
 class SupervisedTrainer:
@@ -59,26 +101,45 @@ class SupervisedTrainer:
         self.model = model
         self.config = config
         self._graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
+        self.probe: dict[str, jax.Array] | None = None
+        if config.probe_classes:
+            hidden_size = model.config.hidden_size
+            kernel = jax.random.normal(jax.random.key(config.seed), (hidden_size, config.probe_classes))
+            self.probe = {"kernel": kernel / np.sqrt(hidden_size), "bias": jnp.zeros(config.probe_classes)}
         self._optimizer = config.optimizer.make()
-        self.opt_state = self._optimizer.init(params)
+        self.opt_state = self._optimizer.init((params, self.probe))
         self._step = jax.jit(self._step_impl)
 
-    def _step_impl(self, params, opt_state, batch: Trajectories):
+    def _step_impl(self, params, opt_state, batch: Trajectories, probe_positions, probe_labels):
         def loss_fn(params):
-            return negative_log_likelihood(
-                nnx.merge(self._graphdef, params, self._rest), batch, self.config.logprob_chunk_size
-            )
+            model_params, probe = params
+            model = nnx.merge(self._graphdef, model_params, self._rest)
+            hidden = model(batch.tokens, batch.positions, batch.attention_mask)
+            nll = negative_log_likelihood(model, hidden, batch, self.config.logprob_chunk_size)
+            if probe is None:
+                return nll, {"nll": nll}
+            probe_loss, probe_accuracy = probe_cross_entropy(probe, hidden, probe_positions, probe_labels)
+            parts = {"nll": nll, "probe_loss": probe_loss, "probe_accuracy": probe_accuracy}
+            return nll + self.config.probe_weight * probe_loss, parts
 
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+        (_, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = self._optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
+        return optax.apply_updates(params, updates), opt_state, parts, optax.global_norm(grads)
 
-    def step(self, batch: Trajectories) -> dict[str, float]:
-        params, self.opt_state, loss, grad_norm = self._step(
-            nnx.state(self.model, nnx.Param), self.opt_state, jax.tree.map(jnp.asarray, batch)
+    def step(self, batch: Trajectories, probe_positions=None, probe_labels=None) -> dict[str, float]:
+        """One gradient step; with a probe, `probe_positions` (absolute columns of `batch`) and `probe_labels`
+        (-1 for a row without one)."""
+        if self.probe is not None and (probe_positions is None or probe_labels is None):
+            raise ValueError("this trainer has a decision probe: step() needs probe_positions and probe_labels")
+        (params, self.probe), self.opt_state, parts, grad_norm = self._step(
+            (nnx.state(self.model, nnx.Param), self.probe),
+            self.opt_state,
+            jax.tree.map(jnp.asarray, batch),
+            None if self.probe is None else jnp.asarray(probe_positions, jnp.int32),
+            None if self.probe is None else jnp.asarray(probe_labels, jnp.int32),
         )
         nnx.update(self.model, params)
-        return {"nll": float(loss), "grad_norm": float(grad_norm)}
+        return {**{name: float(value) for name, value in parts.items()}, "grad_norm": float(grad_norm)}
 
     def batch(self, examples: Sequence[Example], pad_id: int) -> Trajectories:
         count = len(examples)
@@ -103,6 +164,12 @@ class SupervisedTrainer:
         (and hands each to `on_step(step_index, metrics)` as it happens)."""
         if not examples:
             raise ValueError("no supervised examples to fit")
+        if self.probe is not None:
+            labels = {e.probe_label for e in examples if e.probe_label is not None}
+            if not labels:
+                raise ValueError("this trainer has a decision probe, but no example has a probe label")
+            if not labels <= set(range(self.config.probe_classes)):
+                raise ValueError(f"probe labels {sorted(labels)} outside [0, {self.config.probe_classes})")
         rng = np.random.default_rng(self.config.seed)
         order: list[int] = []
         history = []
@@ -110,7 +177,14 @@ class SupervisedTrainer:
             if len(order) < self.config.batch_size:
                 order.extend(rng.permutation(len(examples)).tolist())
             chosen, order = order[: self.config.batch_size], order[self.config.batch_size:]
-            history.append(self.step(self.batch([examples[i] for i in chosen], pad_id)))
+            history.append(self._fit_step([examples[i] for i in chosen], pad_id))
             if on_step is not None:
                 on_step(len(history) - 1, history[-1])
         return history
+
+    def _fit_step(self, examples: Sequence[Example], pad_id: int) -> dict[str, float]:
+        batch = self.batch(examples, pad_id)
+        if self.probe is None:
+            return self.step(batch)
+        positions = [batch.completion_start + (e.probe_index or 0) - 1 for e in examples]
+        return self.step(batch, positions, [-1 if e.probe_label is None else e.probe_label for e in examples])

@@ -1,0 +1,143 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models.config import ModelConfig
+from models.testing import tiny_config
+from models.transformer import Transformer
+from rl.learner import OptimizerConfig
+from rl.sft import Example, SFTConfig, SupervisedTrainer, negative_log_likelihood, probe_cross_entropy
+
+CONFIG = ModelConfig.from_hf(tiny_config("llama"))
+OPTIMIZER = OptimizerConfig(learning_rate=3e-3, schedule="constant", total_steps=1)
+
+
+def _model(seed: int = 0) -> Transformer:
+    return Transformer(CONFIG, rngs=nnx.Rngs(seed))
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def test_nll_is_the_mean_over_completion_tokens_of_the_full_vocabulary_log_softmax():
+    rng = np.random.default_rng(0)
+    examples = [
+        Example(tuple(rng.integers(3, 256, size=p)), tuple(rng.integers(3, 256, size=c)))
+        for p, c in ((5, 3), (9, 7), (2, 1))
+    ]
+    model = _model()
+    trainer = SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, logprob_chunk_size=4))
+    batch = trainer.batch(examples, pad_id=0)
+    hidden = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask))
+    nll = negative_log_likelihood(model, hidden, batch, chunk_size=4)
+
+    logprobs = _log_softmax(np.asarray(model.logits(hidden), np.float64))
+    expected = []
+    for row, example in enumerate(examples):
+        for offset, token in enumerate(example.completion_ids):
+            column = batch.completion_start + offset
+            expected.append(-logprobs[row, column - 1, token])
+    np.testing.assert_allclose(float(nll), np.mean(expected), rtol=1e-5)
+
+
+def test_probe_cross_entropy_matches_numpy_and_skips_unlabelled_rows():
+    rng = np.random.default_rng(1)
+    hidden = rng.normal(size=(4, 6, 8)).astype(np.float32)
+    probe = {"kernel": rng.normal(size=(8, 3)).astype(np.float32), "bias": rng.normal(size=3).astype(np.float32)}
+    positions = np.array([0, 5, 2, 3])
+    labels = np.array([2, 0, -1, 1])
+    loss, accuracy = probe_cross_entropy(probe, jnp.asarray(hidden), jnp.asarray(positions), jnp.asarray(labels))
+
+    logits = hidden[np.arange(4), positions] @ probe["kernel"] + probe["bias"]
+    logp = _log_softmax(logits.astype(np.float64))
+    labelled = labels >= 0
+    expected_loss = -logp[labelled, labels[labelled]].mean()
+    expected_accuracy = (logits.argmax(-1) == labels)[labelled].mean()
+    np.testing.assert_allclose(float(loss), expected_loss, rtol=1e-5)
+    assert float(accuracy) == pytest.approx(expected_accuracy)
+
+
+def test_fit_lowers_the_nll_of_the_teacher_completion():
+    examples = [Example((5, 6, 7, 8), (10, 11, 12, 2)), Example((9, 6, 7), (10, 11, 12, 2))]
+    trainer = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, batch_size=2))
+    history = trainer.fit(examples, steps=30, pad_id=0)
+    assert history[0]["nll"] > 3.0
+    assert history[-1]["nll"] < 0.1 * history[0]["nll"]
+    assert set(history[-1]) == {"nll", "grad_norm"}
+
+
+def test_decision_probe_learns_the_label_from_the_prompt_while_the_target_stays_label_blind():
+    # Four "domains" marked by one prompt token; every completion is the same, so only the probe can use the label.
+    completion = (20, 21, 22, 2)
+    examples = [
+        Example((3 + label, 40, 41, 42, 43), completion, probe_index=2, probe_label=label)
+        for label in range(4)
+        for _ in range(2)
+    ]
+    model = _model()
+    config = SFTConfig(optimizer=OPTIMIZER, batch_size=8, probe_classes=4, probe_weight=1.0)
+    trainer = SupervisedTrainer(model, config)
+    before = {name: np.asarray(value).copy() for name, value in trainer.probe.items()}
+    history = trainer.fit(examples, steps=60, pad_id=0)
+
+    assert history[0]["probe_accuracy"] < 0.75
+    assert history[-1]["probe_accuracy"] == 1.0
+    assert history[-1]["probe_loss"] < 0.1
+    assert history[-1]["nll"] < 0.1
+    assert not np.allclose(before["kernel"], trainer.probe["kernel"])
+    # The probe reads the state that predicts completion token 2 (column completion_start + 1): the same column
+    # gives the same trained-probe accuracy when recomputed here.
+    batch = trainer.batch(examples, pad_id=0)
+    hidden = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask))
+    labels = jnp.asarray([e.probe_label for e in examples])
+    positions = jnp.full(len(examples), batch.completion_start + 1)
+    _, accuracy = probe_cross_entropy(trainer.probe, hidden, positions, labels)
+    assert float(accuracy) == 1.0
+
+
+def test_the_probe_gradient_reaches_the_model_only_when_the_probe_is_on():
+    examples = [Example((3 + label, 40, 41), (20, 21, 2), probe_index=1, probe_label=label) for label in range(2)]
+    plain = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, batch_size=2))
+    probed_config = SFTConfig(optimizer=OPTIMIZER, batch_size=2, probe_classes=2, probe_weight=5.0)
+    probed = SupervisedTrainer(_model(), probed_config)
+    plain.fit(examples, steps=1, pad_id=0)
+    probed.fit(examples, steps=1, pad_id=0)
+    plain_params = jax.tree.leaves(nnx.state(plain.model, nnx.Param))
+    probed_params = jax.tree.leaves(nnx.state(probed.model, nnx.Param))
+    assert any(not np.allclose(a, b) for a, b in zip(plain_params, probed_params))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"batch_size": 0},
+        {"probe_classes": 4},
+        {"probe_weight": 1.0},
+        {"probe_classes": 1, "probe_weight": 1.0},
+        {"probe_classes": -2, "probe_weight": 1.0},
+        {"probe_classes": 4, "probe_weight": -1.0},
+    ],
+)
+def test_bad_sft_configs_are_rejected(kwargs):
+    with pytest.raises(ValueError):
+        SFTConfig(**kwargs)
+
+
+def test_bad_examples_and_probe_inputs_are_rejected():
+    with pytest.raises(ValueError, match="together"):
+        Example((1,), (2, 3), probe_index=1)
+    with pytest.raises(ValueError, match="outside"):
+        Example((1,), (2, 3), probe_index=2, probe_label=0)
+    trainer = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, probe_classes=2, probe_weight=1.0))
+    with pytest.raises(ValueError, match="no example has a probe label"):
+        trainer.fit([Example((1,), (2, 3))], steps=1, pad_id=0)
+    with pytest.raises(ValueError, match="outside"):
+        trainer.fit([Example((1,), (2, 3), probe_index=0, probe_label=2)], steps=1, pad_id=0)
+    with pytest.raises(ValueError, match="needs probe_positions"):
+        trainer.step(trainer.batch([Example((1,), (2, 3))], pad_id=0))
+    with pytest.raises(ValueError, match="no supervised examples"):
+        trainer.fit([], steps=1, pad_id=0)
