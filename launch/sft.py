@@ -5,6 +5,10 @@ the student writes valid workflows and routes at random) or `rollouts` (rejectio
 high-reward completions a training run logged to its rollouts.jsonl). Before and after, it samples the Conductor on
 a few questions and reports the fraction of completions that parse as workflows. The result is an HF directory
 (`--sft_out`) that `--conductor` accepts. `launch.train --warm_start_steps=N` runs the same warm-start in-process.
+
+`--sft_domain_probe_weight` > 0 trains, beside the likelihood, a linear probe (discarded afterwards) that predicts
+the question's domain from the hidden state where the first worker id is chosen (see rl/sft.py): the student still
+routes uniformly, but its decision state carries the domain, so RL can learn per-domain routing from there.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import json
 import logging
 import pathlib
 import random
-from typing import Any, Sequence
+import re
+from typing import Any, Mapping, Sequence
 
 from absl import app, flags
 
@@ -35,6 +40,11 @@ _TEMPLATES = flags.DEFINE_list("sft_templates", list(TEMPLATES), "Template polic
 _ROLLOUTS = flags.DEFINE_string("sft_rollouts", None, "A run's rollouts.jsonl (teacher=rollouts).")
 _MIN_REWARD = flags.DEFINE_float("sft_min_reward", 1.0, "Keep logged rollouts with at least this reward.")
 _VALIDITY_SAMPLES = flags.DEFINE_integer("sft_validity_samples", 32, "Samples drawn to measure format validity.")
+_DOMAIN_PROBE_WEIGHT = flags.DEFINE_float(
+    "sft_domain_probe_weight", 0.0,
+    "Weight of a discarded linear probe's domain cross-entropy at the first worker-id decision (0: no probe).",
+    lower_bound=0.0,
+)
 _OUT = flags.DEFINE_string("sft_out", "runs/sft/conductor", "Where the warm-started Conductor is written (HF dir).")
 
 log = logging.getLogger(__name__)
@@ -45,27 +55,66 @@ def completion_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
     return tuple(tokenizer.encode(text, add_special_tokens=False)) + (tokenizer.eos_token_id,)
 
 
-def template_examples(world: common.EnvWorld, count: int, rng: random.Random) -> list[Example]:
+_FIRST_WORKER_RE = re.compile(r"model_id\s*=\s*\[\s*(\d)")
+
+
+def first_worker_token(tokenizer: Any, ids: Sequence[int]) -> int | None:
+    """Index of the completion token that holds the first worker id of `model_id = [...]` (None without one).
+
+    Decoded prefixes only grow as tokens are added, so a binary search finds the first prefix that reaches the id.
+    """
+    match = _FIRST_WORKER_RE.search(tokenizer.decode(list(ids), skip_special_tokens=True))
+    if match is None:
+        return None
+    low, high = 0, len(ids) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if len(tokenizer.decode(list(ids[: middle + 1]), skip_special_tokens=True)) > match.start(1):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def domain_labels(world: common.EnvWorld) -> dict[str, int]:
+    """Each task domain of the world, numbered in sorted order (the probe's classes)."""
+    return {domain: index for index, domain in enumerate(sorted({task.domain for task in world.tasks}))}
+
+
+def make_example(
+    world: common.EnvWorld, question: int, ids: Sequence[int], labels: Mapping[str, int] | None
+) -> Example:
+    """A (prompt, completion) example; with `labels`, labelled with the question's domain at the first worker id."""
+    prompt = tuple(world.prompt_ids(question))
+    index = first_worker_token(world.tokenizer, ids) if labels is not None else None
+    if index is None:
+        return Example(prompt, tuple(ids))
+    return Example(prompt, tuple(ids), index, labels[world.tasks[question].domain])
+
+
+def template_examples(world: common.EnvWorld, count: int, rng: random.Random, probe: bool = False) -> list[Example]:
     """`count` (prompt, uniformly routed template workflow) pairs over the world's questions."""
     pool_size = len(world.env.world.pool)
     access_mode = world.env.config.access_mode
+    labels = domain_labels(world) if probe else None
     examples = []
     for _ in range(count):
         question = rng.randrange(world.num_questions)
         workflow = random_template(pool_size, rng, _TEMPLATES.value)
         text = "\n" + render_workflow(workflow, access_mode)
-        examples.append(Example(tuple(world.prompt_ids(question)), completion_ids(world.tokenizer, text)))
+        examples.append(make_example(world, question, completion_ids(world.tokenizer, text), labels))
     return examples
 
 
-def rollout_examples(world: common.EnvWorld, path: str, min_reward: float) -> list[Example]:
+def rollout_examples(world: common.EnvWorld, path: str, min_reward: float, probe: bool = False) -> list[Example]:
     """Logged completions (the generator's own token ids) that earned at least `min_reward`."""
+    labels = domain_labels(world) if probe else None
     examples = []
     with open(path, encoding="utf-8") as lines:
         for line in lines:
             record = json.loads(line)
             if record["reward"] >= min_reward and record["round"] == 0:
-                examples.append(Example(tuple(world.prompt_ids(record["question"])), tuple(record["completion_ids"])))
+                examples.append(make_example(world, record["question"], record["completion_ids"], labels))
     if not examples:
         raise ValueError(f"{path} has no first-round rollout with reward >= {min_reward}")
     return examples
@@ -91,20 +140,33 @@ def format_validity(generator: Any, world: common.EnvWorld, questions: Sequence[
 def warm_start(model: Any, world: common.EnvWorld, steps: int, seed: int) -> list[dict[str, float]]:
     """Fits the Conductor in place to the configured teacher for `steps` steps; returns per-step metrics."""
     rng = random.Random(seed)
+    probe = _DOMAIN_PROBE_WEIGHT.value > 0
     if _TEACHER.value == "templates":
-        examples = template_examples(world, steps * _BATCH.value, rng)
+        examples = template_examples(world, steps * _BATCH.value, rng, probe)
     else:
         if not _ROLLOUTS.value:
             raise ValueError("--sft_teacher=rollouts needs --sft_rollouts")
-        examples = rollout_examples(world, _ROLLOUTS.value, _MIN_REWARD.value)
+        examples = rollout_examples(world, _ROLLOUTS.value, _MIN_REWARD.value, probe)
     optimizer = OptimizerConfig(
         learning_rate=_LR.value, schedule="constant", warmup_steps=min(_WARMUP.value, steps), total_steps=max(steps, 1)
     )
-    trainer = SupervisedTrainer(model, SFTConfig(optimizer=optimizer, batch_size=_BATCH.value, seed=seed))
+    config = SFTConfig(
+        optimizer=optimizer,
+        batch_size=_BATCH.value,
+        seed=seed,
+        probe_classes=len(domain_labels(world)) if probe else 0,
+        probe_weight=_DOMAIN_PROBE_WEIGHT.value,
+    )
+    trainer = SupervisedTrainer(model, config)
 
     def report(index: int, metrics: dict[str, float]) -> None:
         if (index + 1) % 10 == 0 or index + 1 == steps:
-            log.info("sft step %d/%d nll %.4f grad_norm %.3f", index + 1, steps, metrics["nll"], metrics["grad_norm"])
+            probe_part = (
+                f" probe_loss {metrics['probe_loss']:.4f} probe_accuracy {metrics['probe_accuracy']:.2f}"
+                if probe else ""
+            )
+            log.info("sft step %d/%d nll %.4f grad_norm %.3f%s", index + 1, steps, metrics["nll"],
+                     metrics["grad_norm"], probe_part)
 
     history = trainer.fit(examples, steps, world.tokenizer.pad_token_id or 0, on_step=report)
     return history

@@ -1,0 +1,68 @@
+"""`launch.sft`'s decision-probe labels: the probe reads the state that chooses the first worker id."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from absl import flags
+
+from env.gym_env import ConductorEnv
+from env.tasks.synthetic import DOMAINS
+from env.worlds import SyntheticWorldConfig, build_world
+from launch import common, sft
+from models import zoo
+from models.tokenizer import load_tokenizer
+
+
+@pytest.fixture(autouse=True)
+def parsed_flags():
+    """`template_examples` reads `--sft_templates`, which absl refuses before FLAGS is parsed; defaults stand in."""
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+@pytest.fixture(scope="module")
+def world():
+    tokenizer = load_tokenizer(zoo.smollm2_135m_instruct())
+    return common.EnvWorld(ConductorEnv(build_world(SyntheticWorldConfig(num_workers=4, num_tasks=12))), tokenizer)
+
+
+def test_first_worker_token_is_the_token_that_writes_the_first_id(world):
+    tokenizer = world.tokenizer
+    text = 'Plan first.\n\nmodel_id = [3, 1]\nsubtasks = ["a", "b"]\naccess_list = [[], "all"]'
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    index = sft.first_worker_token(tokenizer, ids)
+    assert "3" not in tokenizer.decode(ids[:index]).split("[")[-1]
+    assert tokenizer.decode(ids[: index + 1]).endswith("model_id = [3")
+    assert sft.first_worker_token(tokenizer, tokenizer.encode("no workflow here", add_special_tokens=False)) is None
+
+
+def test_template_examples_label_every_example_with_its_questions_domain(world):
+    examples = sft.template_examples(world, 24, random.Random(0), probe=True)
+    labels = sft.domain_labels(world)
+    assert labels == {domain: index for index, domain in enumerate(sorted(DOMAINS))}
+    questions = {tuple(world.prompt_ids(q)): q for q in range(world.num_questions)}
+    for example in examples:
+        task = world.tasks[questions[example.prompt_ids]]
+        assert example.probe_label == labels[task.domain]
+        chosen = world.tokenizer.decode(list(example.completion_ids[example.probe_index : example.probe_index + 1]))
+        assert chosen.strip().isdigit()
+    assert all(e.probe_index is None for e in sft.template_examples(world, 4, random.Random(0)))
+
+
+def test_rollout_examples_label_the_logged_workflows_that_name_a_worker(world, tmp_path):
+    workflow_ids = world.tokenizer.encode('\nmodel_id = [2]\nsubtasks = ["Solve."]\naccess_list = [[]]')
+    broken_ids = world.tokenizer.encode("\nsubtasks = []")
+    path = tmp_path / "rollouts.jsonl"
+    records = [
+        {"question": 5, "round": 0, "reward": 1.0, "completion_ids": workflow_ids},
+        {"question": 6, "round": 0, "reward": 1.0, "completion_ids": broken_ids},
+        {"question": 7, "round": 0, "reward": 0.0, "completion_ids": workflow_ids},
+    ]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    labelled, unlabelled = sft.rollout_examples(world, str(path), min_reward=1.0, probe=True)
+    assert labelled.probe_label == sft.domain_labels(world)[world.tasks[5].domain]
+    assert world.tokenizer.decode(list(workflow_ids[labelled.probe_index : labelled.probe_index + 1])).strip() == "2"
+    assert (unlabelled.probe_index, unlabelled.probe_label) == (None, None)
