@@ -264,7 +264,13 @@ class EnvWorld:
             tasks, [self.decode(c) for c in completions], sample_indices=list(sample_ids), previous=contexts
         )
         rollouts = []
+        oracle = self.env.world.oracle
         for task, result in zip(tasks, scored):
+            metrics = rollout_metrics(result)
+            if oracle is not None:
+                # Whether the workflow's answer comes from the worker the known optimal plan ends with.
+                final = result.workflow.steps[-1].worker if result.workflow else None
+                metrics["oracle_route"] = float(final == oracle.plans[task.domain].final)
             followup = None
             if result.round < self.env.config.recursion_rounds and result.workflow is not None:
                 observation = self.env.observation(task, result)
@@ -272,7 +278,7 @@ class EnvWorld:
             rollouts.append(
                 Rollout(
                     reward=result.reward,
-                    metrics=rollout_metrics(result),
+                    metrics=metrics,
                     workers=tuple(step.worker for step in result.workflow.steps) if result.workflow else (),
                     context=result,
                     followup_prompt_ids=followup,

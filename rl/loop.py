@@ -29,7 +29,7 @@ from rl.metrics import MetricsWriter
 log = logging.getLogger(__name__)
 
 # Per-rollout metrics the one-line progress report shows, when the world reports them.
-HEADLINE_METRICS = ("correct", "valid_format", "steps", "worker_calls", "tokens", "cost_usd")
+HEADLINE_METRICS = ("correct", "valid_format", "oracle_route", "steps", "worker_calls", "tokens", "cost_usd")
 
 
 @dataclasses.dataclass(frozen=True)

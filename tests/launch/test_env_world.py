@@ -1,0 +1,34 @@
+"""`launch.common.EnvWorld` scores Conductor completions through the env and reports per-rollout metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from env.gym_env import ConductorEnv
+from env.workflow import Step, Workflow, render_workflow
+from env.worlds import SyntheticWorldConfig, build_world
+from launch import common
+from models import zoo
+from models.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def world():
+    tokenizer = load_tokenizer(zoo.smollm2_135m_instruct())
+    return common.EnvWorld(ConductorEnv(build_world(SyntheticWorldConfig(num_workers=4, num_tasks=8))), tokenizer)
+
+
+def _completion(world, worker: int) -> list[int]:
+    workflow = Workflow(steps=(Step(worker, "Solve the question."),), reasoning="One step.")
+    return world.tokenizer.encode("\n" + render_workflow(workflow), add_special_tokens=False)
+
+
+def test_oracle_route_says_whether_the_final_worker_is_the_optimal_plans(world):
+    question = 2
+    best = world.env.world.oracle.plans[world.tasks[question].domain].final
+    other = (best + 1) % 4
+    completions = [_completion(world, best), _completion(world, other), world.tokenizer.encode("no workflow")]
+    rollouts = world.score([question] * 3, completions, [None] * 3, [0, 1, 2])
+    assert [r.metrics["oracle_route"] for r in rollouts] == [1.0, 0.0, 0.0]
+    assert [r.metrics["valid_format"] for r in rollouts] == [1.0, 1.0, 0.0]
+    assert rollouts[0].workers == (best,) and rollouts[1].workers == (other,)
