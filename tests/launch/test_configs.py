@@ -1,0 +1,32 @@
+"""Every flagfile shipped in launch/configs/ parses against `launch.train`'s flags (a renamed flag breaks it)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from absl import flags
+from absl.testing import flagsaver
+
+from launch import train  # noqa: F401  (defines the flags the flagfiles set)
+
+CONFIGS = sorted((pathlib.Path(__file__).resolve().parents[2] / "launch" / "configs").glob("*.cfg"))
+
+
+def _settings(path: pathlib.Path) -> dict[str, str]:
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return {name: value for name, _, value in (line[2:].partition("=") for line in lines if line.startswith("--"))}
+
+
+def test_the_shipped_flagfiles_are_found():
+    assert {path.name for path in CONFIGS} >= {"paper.cfg", "quickstart.cfg", "synthetic.cfg", "replay_routerdc.cfg"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_a_shipped_flagfile_parses_and_sets_its_values(path):
+    settings = _settings(path)
+    with flagsaver.flagsaver():
+        flags.FLAGS(["train", f"--flagfile={path}"])
+        assert flags.FLAGS["world"].value == settings["world"]
+        assert flags.FLAGS["logdir"].value == settings["logdir"]
+        assert flags.FLAGS["iterations"].value == int(settings["iterations"])
