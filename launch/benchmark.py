@@ -15,7 +15,6 @@ from launch.benchmarks.common import emit
 SUITES = ("forward", "learner", "rollout", "sync", "env", "e2e")
 
 _SUITE = flags.DEFINE_enum("suite", None, SUITES, "Which benchmark suite to run.")
-flags.mark_flag_as_required("suite")
 
 
 def main(argv: list[str]) -> None:
@@ -25,4 +24,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    # Required only when this module is the program: importing it (tests, other launchers) must not
+    # impose its flag on their parses of the global FLAGS.
+    flags.mark_flag_as_required("suite")
     app.run(main)

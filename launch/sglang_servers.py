@@ -40,7 +40,6 @@ _WEIGHT_VERSION = flags.DEFINE_integer("weight_version", 0, "Policy version the 
 _SGLANG_PYTHON = flags.DEFINE_string("sglang_python", sys.executable, "Python of the environment SGLang is in.")
 _STARTUP_TIMEOUT = flags.DEFINE_float("startup_timeout_s", 900.0, "How long to wait for every /health.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the commands and exit.")
-flags.mark_flag_as_required("model_dir")
 
 
 def server_commands(
@@ -127,4 +126,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    # Required only when this module is the program: importing it (tests, other launchers) must not
+    # impose its flag on their parses of the global FLAGS.
+    flags.mark_flag_as_required("model_dir")
     app.run(main)
