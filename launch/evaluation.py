@@ -111,13 +111,22 @@ def conductor_outcomes(
     generator: Any, world: EnvWorld, params: SamplingParams, repeats: int, batch_questions: int = 64
 ) -> list[Outcome]:
     """One completion per question and repeat, sampled from `generator` and scored by the env. The Conductor's
-    own prompt and completion tokens are `conductor_tokens`."""
+    own prompt and completion tokens are `conductor_tokens`.
+
+    Greedy decoding (temperature 0) writes the same completion every repeat, so it is generated once and only the
+    workers' outcomes are drawn per repeat; a sampled Conductor draws a new completion each repeat.
+    """
     outcomes = []
+    greedy_completions: dict[int, list[int]] = {}
     for repeat in range(repeats):
         for start in range(0, world.num_questions, batch_questions):
             questions = list(range(start, min(start + batch_questions, world.num_questions)))
-            groups = generator.generate([world.prompt_ids(q) for q in questions], params, 1)
-            completions = [group[0].completion_ids for group in groups]
+            if params.temperature == 0 and repeat > 0:
+                completions = [greedy_completions[q] for q in questions]
+            else:
+                groups = generator.generate([world.prompt_ids(q) for q in questions], params, 1)
+                completions = [group[0].completion_ids for group in groups]
+                greedy_completions.update(zip(questions, completions))
             sample_ids = [sample_id(q, repeat, world.num_questions) for q in questions]
             rollouts = world.score(questions, completions, None, sample_ids)
             for question, completion, rollout in zip(questions, completions, rollouts):

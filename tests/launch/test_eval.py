@@ -18,15 +18,20 @@ from env.workers.openai_api import OpenAICompatibleWorker
 from env.workers.replay import ROUTERDC_MODELS
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, World, build_world, replay_reference_points
+from launch import common
 from launch.evaluation import (
     BaselineConfig,
     Outcome,
+    conductor_outcomes,
     prompted_conductor_outcomes,
     run_baselines,
     summarize,
     workflow_outcomes,
     write_report,
 )
+from models import zoo
+from models.tokenizer import load_tokenizer
+from rollout.types import Completion, SamplingParams
 from tests.env.fake_providers import FakeOpenAI
 from tests.env.helpers import exact_task
 
@@ -214,6 +219,41 @@ def test_workflow_outcomes_score_the_chosen_workflow_per_question_and_repeat(rep
     outcomes = workflow_outcomes(replay_env, choose, repeats=2)
     assert len(outcomes) == 2 * len(replay_env.world.tasks) == len(set(chosen))
     assert {(o.repeat, o.workers) for o in outcomes} == {(0, (0,)), (1, (1,))}
+
+
+class RoutingGenerator:
+    """A stand-in Conductor that routes question q to worker q mod 7, a new completion per `generate` call."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.prompts_seen = 0
+
+    def generate(self, prompt_ids, params, n):
+        groups = []
+        for index, prompt in enumerate(prompt_ids):
+            text = "\n" + render_workflow(Workflow(steps=(Step((self.prompts_seen + index) % 7, "Solve it."),)))
+            ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            groups.append([Completion(tuple(prompt), ids, (0.0,) * len(ids), "stop", 0)])
+        self.prompts_seen += len(prompt_ids)
+        return groups
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_greedy_conductor_is_generated_once_and_rescored_each_repeat(replay_env, temperature):
+    world = common.EnvWorld(replay_env, load_tokenizer(zoo.smollm2_135m_instruct()))
+    generator = RoutingGenerator(world.tokenizer)
+    params = SamplingParams(temperature=temperature, max_new_tokens=32)
+    outcomes = conductor_outcomes(generator, world, params, repeats=3, batch_questions=16)
+    questions = world.num_questions
+    assert len(outcomes) == 3 * questions
+    assert generator.prompts_seen == (questions if temperature == 0 else 3 * questions)
+    by_repeat = [outcomes[r * questions : (r + 1) * questions] for r in range(3)]
+    assert all(o.repeat == r for r in range(3) for o in by_repeat[r])
+    # Greedy: every repeat runs the one completion; sampled: the stand-in writes a new one per generate call.
+    same_routes = all(o.workers == (q % 7,) for rows in by_repeat for q, o in enumerate(rows))
+    assert same_routes == (temperature == 0)
+    correct = np.array([[o.metrics["correct"] for o in rows] for rows in by_repeat])
+    assert not (correct == correct[0]).all()  # the workers' outcomes are drawn anew each repeat
 
 
 @pytest.mark.slow
