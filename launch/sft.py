@@ -180,9 +180,10 @@ def main(argv: list[str]) -> None:
     world = common.EnvWorld(common.build_env(), tokenizer)
     generator, sync = common.build_generator(model_dir, out)
     probe = list(range(min(8, world.num_questions)))
-    params = SamplingParams(temperature=1.0, max_new_tokens=common.sampling_params().max_new_tokens, seed=common.seed())
+    # Validity is measured at the sampling settings RL will use (--temperature, --top_p, --top_k, --max_tokens).
+    params = common.sampling_params()
     before = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)
-    log.info("valid workflows before warm-start: %.1f%%", 100 * before)
+    log.info("valid workflows before warm-start: %.1f%% (temperature %g)", 100 * before, params.temperature)
     history = warm_start(model, world, _STEPS.value, common.seed())
     sync(model, 1)
     after = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)
@@ -190,8 +191,8 @@ def main(argv: list[str]) -> None:
     hf_io.save(model, out)
     tokenizer.save_pretrained(out)
     generator.close()
-    print(json.dumps({"valid_before": before, "valid_after": after, "final_nll": history[-1]["nll"],
-                      "steps": _STEPS.value, "out": str(out)}))
+    print(json.dumps({"valid_before": before, "valid_after": after, "temperature": params.temperature,
+                      "final_nll": history[-1]["nll"], "steps": _STEPS.value, "out": str(out)}))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""`launch.sft`'s decision-probe labels: the probe reads the state that chooses the first worker id."""
+"""`launch.sft`: the command's output, and its decision-probe labels (the probe reads the state that chooses the
+first worker id)."""
 
 from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 
 import pytest
 from absl import flags
@@ -66,3 +69,22 @@ def test_rollout_examples_label_the_logged_workflows_that_name_a_worker(world, t
     assert labelled.probe_label == sft.domain_labels(world)[world.tasks[5].domain]
     assert world.tokenizer.decode(list(workflow_ids[labelled.probe_index : labelled.probe_index + 1])).strip() == "2"
     assert (unlabelled.probe_index, unlabelled.probe_label) == (None, None)
+
+
+@pytest.mark.slow
+def test_the_sft_command_measures_validity_at_the_rl_temperature_and_writes_an_hf_dir(tmp_path):
+    out = tmp_path / "sft"
+    command = [
+        sys.executable, "-m", "launch.sft", "--world=synthetic", "--synthetic_tasks=8", "--conductor=tiny",
+        "--tiny_layers=1", "--tiny_width=32", "--sft_steps=3", "--sft_batch_size=2", "--sft_validity_samples=4",
+        "--max_tokens=8", "--temperature=0.5", f"--sft_out={out}",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["temperature"] == 0.5 and summary["steps"] == 3 and summary["out"] == str(out)
+    # Eight new tokens cannot hold the three lists, so no sample is a workflow before or after.
+    assert summary["valid_before"] == 0.0 and summary["valid_after"] == 0.0
+    assert summary["final_nll"] > 0
+    assert "valid workflows before warm-start: 0.0% (temperature 0.5)" in result.stderr
+    assert (out / "config.json").exists() and list(out.glob("*.safetensors"))
