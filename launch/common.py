@@ -6,7 +6,9 @@ Each `build_*` reads the flags of its group and returns the object the rest of t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import pathlib
 from typing import Any, Callable, Sequence
 
@@ -292,6 +294,25 @@ def sampling_params() -> SamplingParams:
         temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value, max_new_tokens=_MAX_TOKENS.value,
         seed=_SEED.value,
     )
+
+
+# Written beside a trained Conductor's weights: the completion limit it was trained with.
+TRAINED_SAMPLING_FILE = "trained_sampling.json"
+
+
+def save_trained_sampling(model_dir: pathlib.Path, params: SamplingParams) -> None:
+    (model_dir / TRAINED_SAMPLING_FILE).write_text(json.dumps({"max_new_tokens": params.max_new_tokens}) + "\n")
+
+
+def conductor_sampling_params(model_dir: pathlib.Path) -> SamplingParams:
+    """`sampling_params()` for the Conductor in `model_dir`. Unless `--max_tokens` is on the command line, its
+    completion limit is the one the Conductor was trained with: a small Conductor whose greedy completion never
+    stops would otherwise hold every batch for the flag's default 1024 steps."""
+    params = sampling_params()
+    trained = model_dir / TRAINED_SAMPLING_FILE
+    if _MAX_TOKENS.present or not trained.exists():
+        return params
+    return dataclasses.replace(params, max_new_tokens=int(json.loads(trained.read_text())["max_new_tokens"]))
 
 
 def build_generator(model_dir: pathlib.Path, log_dir: pathlib.Path) -> tuple[Any, Callable[[Any, int], None]]:

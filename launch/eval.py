@@ -55,7 +55,7 @@ def main(argv: list[str]) -> None:
     if "conductor" in _METHODS.value:
         _, tokenizer, model_dir = common.load_conductor(out_dir / "conductor")
         generator, _ = common.build_generator(model_dir, out_dir)
-        params = dataclasses.replace(common.sampling_params(), temperature=_CONDUCTOR_TEMPERATURE.value)
+        params = dataclasses.replace(common.conductor_sampling_params(model_dir), temperature=_CONDUCTOR_TEMPERATURE.value)
         try:
             outcomes = conductor_outcomes(generator, common.EnvWorld(env, tokenizer), params, _REPEATS.value)
         finally:

@@ -436,7 +436,7 @@ def build_server() -> ChatServer:
         model_name=_MODEL_NAME.value,
         max_steps=env.config.max_steps,
         access_mode=env.config.access_mode,
-        sampling=common.sampling_params(),
+        sampling=common.conductor_sampling_params(model_dir),
         executor=env.config.executor,
         format_attempts=_FORMAT_ATTEMPTS.value,
     )

@@ -10,6 +10,7 @@ command resumes from the last checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pathlib
@@ -163,6 +164,7 @@ def main(argv: list[str]) -> None:
     history = loop.run()
     final_dir = hf_io.save(learner.model, log_dir / "conductor_final")
     tokenizer.save_pretrained(final_dir)
+    common.save_trained_sampling(final_dir, sampling)
     summary = {"iterations": loop.iteration, "logdir": str(log_dir), "conductor_final": str(final_dir)}
     if history:
         first, last = first_and_last_fifth([h["reward/mean"] for h in history])
@@ -170,7 +172,8 @@ def main(argv: list[str]) -> None:
     if env.world.oracle is not None:
         summary["oracle_expected_reward"] = env.world.oracle.expected_reward
     if _EVAL_TASKS.value:
-        summary["eval"] = evaluate(generator, common.EnvWorld(common.build_env(_EVAL_TASKS.value), tokenizer))
+        eval_world = common.EnvWorld(common.build_env(_EVAL_TASKS.value), tokenizer)
+        summary["eval"] = evaluate(generator, eval_world, params=dataclasses.replace(sampling, temperature=0.0))
     writer.close()
     checkpointer.close()
     generator.close()
