@@ -37,7 +37,9 @@ from rollout.types import SamplingParams
 # make the same call on the same question and repeat share its cached reply (common random numbers).
 EVAL_SAMPLE_ID_BASE = 10**12
 
-BASELINES = ("single", "random", "oracle", "moa", "self_reflection", "consensus", "prompted_conductor")
+BASELINES = (
+    "single", "domain_best", "random", "oracle", "moa", "self_reflection", "consensus", "prompted_conductor"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,12 +309,18 @@ def run_baselines(env: ConductorEnv, config: BaselineConfig, repeats: int) -> di
 
     needs_best = config.worker is None and {"moa", "self_reflection", "consensus"} & set(config.baselines)
     singles = {}
-    if "single" in config.baselines or needs_best:
+    if {"single", "domain_best"} & set(config.baselines) or needs_best:
         for w in range(len(pool)):
             outcomes = workflow_outcomes(env, lambda task, repeat, w=w: policies.single(w), repeats)
             singles[w] = summarize(outcomes, names)
         if "single" in config.baselines:
             results.update({f"single {w}: {names[w]}": report for w, report in singles.items()})
+    if "domain_best" in config.baselines:
+        # Each domain to the worker with the best accuracy on it in this run: the most any Conductor whose choice
+        # depends only on the question's domain can reach (measured in-sample, like the best single worker).
+        domains = singles[0]["domains"]
+        best = {d: max(singles, key=lambda w, d=d: singles[w]["domains"][d]["correct"]) for d in domains}
+        run("per-domain best worker", lambda task, repeat: policies.single(best[task.domain]))
     worker = config.worker
     if needs_best:
         worker = max(singles, key=lambda w: singles[w]["average_accuracy"])

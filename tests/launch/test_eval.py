@@ -96,6 +96,19 @@ def test_replay_single_workers_and_oracle_give_the_recorded_accuracies(replay_en
     assert results["oracle routing"]["average_accuracy"] > best["average_accuracy"]
 
 
+def test_per_domain_best_routes_each_domain_to_its_best_single_worker(replay_env):
+    results = run_baselines(replay_env, BaselineConfig(baselines=("single", "domain_best")), repeats=2)
+    routed = results["per-domain best worker"]
+    singles = [results[f"single {w}: {model}"] for w, model in enumerate(ROUTERDC_MODELS)]
+    for domain, measured in routed["domains"].items():
+        # Every method draws the same replayed outcome for a (question, repeat, worker): the per-domain router's
+        # accuracy on a domain is its best single worker's, exactly.
+        assert measured["correct"] == max(single["domains"][domain]["correct"] for single in singles)
+    assert routed["average_accuracy"] >= max(single["average_accuracy"] for single in singles)
+    # On these 60-question files the two domains' best workers differ, so each runs half of the questions.
+    assert sorted(routed["workers_chosen"].values()) == [0.5, 0.5]
+
+
 def test_replay_multi_step_baselines_are_worth_their_last_worker_under_the_independent_rule(replay_env):
     # The replay data says nothing about reading earlier work; the default AnswerModel makes every call
     # independent, so a fixed workflow scores what its final worker scores alone.
