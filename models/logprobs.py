@@ -82,3 +82,15 @@ def token_logprobs(
     if return_entropy:
         return unchunk(logp), unchunk(entropy)
     return unchunk(logp)
+
+
+def sequence_token_logprobs(
+    model: Transformer, hidden: jax.Array, tokens: jax.Array, first_column: int, **options
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """`token_logprobs` of `tokens[:, first_column:]` given the hidden states of whole rows, aligned with `tokens`
+    as `[B, T]` (columns before `first_column` are 0, and their vocabulary logits are never computed; column 0 has
+    no predecessor, so it is always 0). `options` are `token_logprobs`'s keyword arguments."""
+    start = max(first_column, 1)
+    values = token_logprobs(model, hidden[:, start - 1 : -1], tokens[:, start:], **options)
+    pad = ((0, 0), (start, 0))
+    return jax.tree.map(lambda x: jnp.pad(x, pad), values)

@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from models.logprobs import token_logprobs
+from models.logprobs import sequence_token_logprobs
 from models.sharding import batch_sharding, shard_model
 from rl.losses import LossConfig, aggregation_weights, grpo_loss
 from rl.trajectories import Trajectories
@@ -133,21 +133,19 @@ def _split_rows(tree, parts: int):
 
 def _forward(graphdef, params, other_state, tokens, positions, attention_mask, completion_start: int, config):
     """Log-probs and entropies [B, T] aligned with `tokens`. Columns before `completion_start` carry no loss: they
-    are 0, and their vocabulary logits are never computed (column 0 has no predecessor anyway)."""
+    are 0, and their vocabulary logits are never computed."""
     model = nnx.merge(graphdef, params, other_state)
     hidden = model(tokens, positions, attention_mask)
-    start = max(completion_start, 1)
-    logprobs, entropy = token_logprobs(
+    return sequence_token_logprobs(
         model,
-        hidden[:, start - 1 : -1],
-        tokens[:, start:],
+        hidden,
+        tokens,
+        completion_start,
         temperature=config.temperature,
         chunk_size=config.logprob_chunk_size,
         return_entropy=True,
         entropy_gradient=config.loss.entropy_coef > 0,
     )
-    pad = ((0, 0), (start, 0))
-    return jnp.pad(logprobs, pad), jnp.pad(entropy, pad)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config", "num_micro_batches"))

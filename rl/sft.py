@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from models.logprobs import token_logprobs
+from models.logprobs import sequence_token_logprobs
 from rl import trajectories
 from rl.learner import OptimizerConfig
 from rl.trajectories import Trajectories
@@ -75,9 +75,8 @@ class Example:
 def negative_log_likelihood(model: nnx.Module, hidden: jax.Array, batch: Trajectories, chunk_size: int) -> jax.Array:
     """Mean NLL of the loss-masked tokens of `batch` given the model's `hidden` states (vocabulary logits only from
     `completion_start` on)."""
-    start = max(batch.completion_start, 1)
-    logprobs = token_logprobs(model, hidden[:, start - 1 : -1], batch.tokens[:, start:], chunk_size=chunk_size)
-    mask = batch.loss_mask[:, start:].astype(jnp.float32)
+    logprobs = sequence_token_logprobs(model, hidden, batch.tokens, batch.completion_start, chunk_size=chunk_size)
+    mask = batch.loss_mask.astype(jnp.float32)
     return -(logprobs * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
