@@ -71,7 +71,7 @@ def summarize(outcomes: Sequence[Outcome], worker_names: Sequence[str]) -> dict[
     """The report of one method. Per domain: the mean of every metric over questions and repeats, and
     `correct_stderr`, the standard error of the domain's accuracy over repeats (None with one repeat). `average`:
     the unweighted mean of the domain means, `correct_stderr` over repeats of that average. `workers_chosen`: the
-    fraction of all steps run by each worker."""
+    fraction of all steps run by each worker; `workers_chosen_by_domain`: the same within each domain."""
     if not outcomes:
         raise ValueError("no outcomes to summarize")
     by_domain: dict[str, list[Outcome]] = collections.defaultdict(list)
@@ -91,8 +91,11 @@ def summarize(outcomes: Sequence[Outcome], worker_names: Sequence[str]) -> dict[
     average = {name: float(np.mean([domains[d][name] for d in domains])) for name in names}
     average_by_repeat = np.mean([per_repeat_accuracy[d] for d in domains], axis=0)
     average["correct_stderr"] = _stderr(list(average_by_repeat))
-    counts = collections.Counter(worker for outcome in outcomes for worker in outcome.workers)
-    total_steps = sum(counts.values())
+    def shares(rows: Sequence[Outcome]) -> dict[str, float]:
+        counts = collections.Counter(worker for outcome in rows for worker in outcome.workers)
+        total_steps = sum(counts.values())
+        return {worker_names[w]: counts[w] / total_steps for w in range(len(worker_names)) if counts[w]}
+
     return {
         "questions": len({outcome.task_id for outcome in outcomes}),
         "repeats": len(repeats),
@@ -100,9 +103,8 @@ def summarize(outcomes: Sequence[Outcome], worker_names: Sequence[str]) -> dict[
         "average": average,
         "average_accuracy": average["correct"],
         "average_accuracy_stderr": average["correct_stderr"],
-        "workers_chosen": {
-            worker_names[w]: counts[w] / total_steps for w in range(len(worker_names)) if counts[w]
-        },
+        "workers_chosen": shares(outcomes),
+        "workers_chosen_by_domain": {domain: shares(rows) for domain, rows in sorted(by_domain.items())},
     }
 
 
@@ -378,9 +380,14 @@ def markdown_report(results: Mapping[str, Mapping[str, Any]], title: str) -> str
         cells = [_percent(report["domains"][d]["correct"]) if d in report["domains"] else "–" for d in domains]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "Workers chosen (share of all steps, %):", ""]
+    def listed(shares: Mapping[str, float]) -> str:
+        return ", ".join(f"{name} {_percent(share)}" for name, share in shares.items()) or "no steps"
+
     for method, report in results.items():
-        shares = ", ".join(f"{name} {_percent(share)}" for name, share in report["workers_chosen"].items())
-        lines.append(f"- {method}: {shares or 'no steps'}")
+        lines.append(f"- {method}: {listed(report['workers_chosen'])}")
+        by_domain = report["workers_chosen_by_domain"]
+        if len({listed(shares) for shares in by_domain.values()}) > 1:  # routing that differs between domains
+            lines += [f"  - {domain}: {listed(shares)}" for domain, shares in by_domain.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -23,6 +23,7 @@ from launch.evaluation import (
     BaselineConfig,
     Outcome,
     conductor_outcomes,
+    markdown_report,
     prompted_conductor_outcomes,
     run_baselines,
     summarize,
@@ -107,6 +108,14 @@ def test_per_domain_best_routes_each_domain_to_its_best_single_worker(replay_env
     assert routed["average_accuracy"] >= max(single["average_accuracy"] for single in singles)
     # On these 60-question files the two domains' best workers differ, so each runs half of the questions.
     assert sorted(routed["workers_chosen"].values()) == [0.5, 0.5]
+    by_domain = routed["workers_chosen_by_domain"]
+    assert sorted(by_domain) == ["arc_challenge", "gsm8k"]
+    assert all(list(shares.values()) == [1.0] for shares in by_domain.values())
+    assert by_domain["arc_challenge"] != by_domain["gsm8k"]
+    report = markdown_report({"per-domain best worker": routed, **{f"single {w}": singles[w] for w in range(2)}}, "t")
+    for domain, shares in by_domain.items():  # domain-dependent routing is listed per domain, a single worker's not
+        assert f"  - {domain}: {next(iter(shares))} 100.0" in report
+    assert report.count("  - ") == 2
 
 
 def test_replay_multi_step_baselines_are_worth_their_last_worker_under_the_independent_rule(replay_env):
