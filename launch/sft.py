@@ -34,6 +34,11 @@ from rollout.types import SamplingParams
 _STEPS = flags.DEFINE_integer("sft_steps", 100, "Supervised steps.")
 _LR = flags.DEFINE_float("sft_lr", 3e-4, "Supervised learning rate (constant after warmup).")
 _WARMUP = flags.DEFINE_integer("sft_warmup_steps", 10, "Linear warmup steps of the supervised learning rate.")
+_LR_SCHEDULE = flags.DEFINE_enum(
+    "sft_lr_schedule", "constant", ["constant", "cosine"],
+    "After warmup: a constant rate, or a cosine decay to 0 at the last step (the student then settles on the "
+    "teacher's average over many batches, e.g. uniform routing, rather than on the last few batches' draws).",
+)
 _BATCH = flags.DEFINE_integer("sft_batch_size", 8, "Supervised examples per step.")
 _TEACHER = flags.DEFINE_enum("sft_teacher", "templates", ["templates", "rollouts"], "Where the targets come from.")
 _TEMPLATES = flags.DEFINE_list("sft_templates", list(TEMPLATES), "Template policies of the templates teacher.")
@@ -148,7 +153,8 @@ def warm_start(model: Any, world: common.EnvWorld, steps: int, seed: int) -> lis
             raise ValueError("--sft_teacher=rollouts needs --sft_rollouts")
         examples = rollout_examples(world, _ROLLOUTS.value, _MIN_REWARD.value, probe)
     optimizer = OptimizerConfig(
-        learning_rate=_LR.value, schedule="constant", warmup_steps=min(_WARMUP.value, steps), total_steps=max(steps, 1)
+        learning_rate=_LR.value, schedule=_LR_SCHEDULE.value, warmup_steps=min(_WARMUP.value, steps),
+        total_steps=max(steps, 1),
     )
     config = SFTConfig(
         optimizer=optimizer,
