@@ -91,6 +91,7 @@ def summarize(outcomes: Sequence[Outcome], worker_names: Sequence[str]) -> dict[
     average = {name: float(np.mean([domains[d][name] for d in domains])) for name in names}
     average_by_repeat = np.mean([per_repeat_accuracy[d] for d in domains], axis=0)
     average["correct_stderr"] = _stderr(list(average_by_repeat))
+
     def shares(rows: Sequence[Outcome]) -> dict[str, float]:
         counts = collections.Counter(worker for outcome in rows for worker in outcome.workers)
         total_steps = sum(counts.values())
@@ -380,6 +381,7 @@ def markdown_report(results: Mapping[str, Mapping[str, Any]], title: str) -> str
         cells = [_percent(report["domains"][d]["correct"]) if d in report["domains"] else "–" for d in domains]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "Workers chosen (share of all steps, %):", ""]
+
     def listed(shares: Mapping[str, float]) -> str:
         return ", ".join(f"{name} {_percent(share)}" for name, share in shares.items()) or "no steps"
 

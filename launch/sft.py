@@ -32,7 +32,7 @@ from rl.sft import Example, SFTConfig, SupervisedTrainer
 from rollout.types import SamplingParams
 
 _STEPS = flags.DEFINE_integer("sft_steps", 100, "Supervised steps.")
-_LR = flags.DEFINE_float("sft_lr", 3e-4, "Supervised learning rate (constant after warmup).")
+_LR = flags.DEFINE_float("sft_lr", 3e-4, "Supervised peak learning rate (reached after warmup; --sft_lr_schedule).")
 _WARMUP = flags.DEFINE_integer("sft_warmup_steps", 10, "Linear warmup steps of the supervised learning rate.")
 _LR_SCHEDULE = flags.DEFINE_enum(
     "sft_lr_schedule", "constant", ["constant", "cosine"],
