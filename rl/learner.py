@@ -68,7 +68,9 @@ class OptimizerConfig:
             raise ValueError(f"OptimizerConfig.max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
 
     def learning_rate_schedule(self) -> optax.Schedule:
-        if self.schedule == "cosine":
+        # A warmup that lasts the whole run leaves no steps to decay over (optax rejects a 0-step cosine): every
+        # step is then a warmup step, whatever the schedule after it would have been.
+        if self.schedule == "cosine" and self.warmup_steps < self.total_steps:
             return optax.warmup_cosine_decay_schedule(0.0, self.learning_rate, self.warmup_steps, self.total_steps)
         if self.warmup_steps == 0:
             return optax.constant_schedule(self.learning_rate)

@@ -234,3 +234,7 @@ def test_learning_rate_schedules():
     np.testing.assert_allclose([float(cosine(s)) for s in (0, 1, 2, 6, 10)], [0, 0.5, 1, 0.5, 0], atol=1e-6)
     constant = OptimizerConfig(learning_rate=1.0, warmup_steps=4, schedule="constant").learning_rate_schedule()
     np.testing.assert_allclose([float(constant(s)) for s in (0, 2, 4, 500)], [0, 0.5, 1, 1], atol=1e-6)
+    for schedule in ("cosine", "constant"):  # a warmup as long as the run: every step warms up, nothing decays
+        whole_run = OptimizerConfig(learning_rate=1.0, warmup_steps=4, total_steps=4, schedule=schedule)
+        rates = [float(whole_run.learning_rate_schedule()(s)) for s in range(4)]
+        np.testing.assert_allclose(rates, [0, 0.25, 0.5, 0.75], atol=1e-6)
