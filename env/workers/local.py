@@ -40,6 +40,16 @@ def load_model(model_dir: str, device: str, dtype: str) -> tuple[Any, Any, threa
         return _LOADED[key]
 
 
+class _StopWhenSet(transformers.StoppingCriteria):
+    """Ends `generate` at the next token once `event` is set (the awaiting call was cancelled or timed out)."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
 class TransformersWorker:
     """Chat completion with `model.generate` on a local model directory. Sampling when temperature > 0
     (full distribution: no top-k/top-p), greedy at 0."""
@@ -64,7 +74,8 @@ class TransformersWorker:
         return f"TransformersWorker(name={self.name!r}, model_dir={self.model_dir!r}, device={self.device!r})"
 
     def _generate(
-        self, messages: Sequence[Message], max_tokens: int, temperature: float, seed: int | None
+        self, messages: Sequence[Message], max_tokens: int, temperature: float, seed: int | None,
+        cancelled: threading.Event,
     ) -> tuple[str, int, int]:
         encoded = self._tokenizer.apply_chat_template(
             list(messages), add_generation_prompt=True, return_tensors="pt", return_dict=True
@@ -76,6 +87,8 @@ class TransformersWorker:
             else {"do_sample": False}
         )
         with self._lock, torch.no_grad():
+            if cancelled.is_set():  # gave up while waiting for the lock: nobody reads this reply
+                return "", int(input_ids.shape[1]), 0
             if seed is not None:
                 torch.manual_seed(seed)
             output = self._model.generate(
@@ -83,6 +96,7 @@ class TransformersWorker:
                 attention_mask=encoded["attention_mask"].to(self.device),
                 max_new_tokens=max_tokens,
                 pad_token_id=self._tokenizer.pad_token_id or self._tokenizer.eos_token_id,
+                stopping_criteria=transformers.StoppingCriteriaList([_StopWhenSet(cancelled)]),
                 **sampling,
             )
         completion = output[0, input_ids.shape[1] :]
@@ -100,10 +114,16 @@ class TransformersWorker:
     ) -> WorkerReply:
         del task  # a real model answers from the messages alone
         start = time.perf_counter()
+        # A thread cannot be cancelled: when this call is (the executor's step timeout), the event stops the
+        # generation at its next token, so it neither holds the model's lock nor keeps `close()` waiting.
+        cancelled = threading.Event()
         try:
             text, prompt_tokens, completion_tokens = await asyncio.to_thread(
-                self._generate, messages, max_tokens, temperature, seed
+                self._generate, messages, max_tokens, temperature, seed, cancelled
             )
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
         except (RuntimeError, ValueError, IndexError) as error:  # e.g. a prompt longer than the model's context
             raise WorkerError(f"{self.name}: generation failed: {type(error).__name__}: {error}") from error
         return WorkerReply(

@@ -346,3 +346,22 @@ def test_transformers_worker_generates_with_a_real_model(tmp_path):
     assert generate(1.0, 3).text == generate(1.0, 3).text
     assert len({generate(1.0, seed).text for seed in range(6)}) > 1
     assert "tiny" in repr(worker) and worker.backend == "transformers"
+
+
+def test_a_timed_out_transformers_call_stops_generating_and_frees_the_model(tmp_path):
+    from tests.env.helpers import tiny_chat_model_dir
+
+    worker = TransformersWorker(tiny_chat_model_dir(tmp_path / "tiny"), name="tiny")
+    messages = [{"role": "user", "content": "What is 6 * 7?"}]
+
+    async def timed_out_then_short():
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):  # as the executor's step timeout does
+                await worker.complete(messages, max_tokens=4000, temperature=0.0, seed=None)
+        start = time.perf_counter()
+        reply = await worker.complete(messages, max_tokens=8, temperature=0.0, seed=None)
+        return time.perf_counter() - start, reply
+
+    elapsed, reply = asyncio.run(timed_out_then_short())
+    # The abandoned 4000-token generation stopped at its next token, so the next call did not queue behind it.
+    assert reply.completion_tokens == 8 and elapsed < 2.0
