@@ -10,11 +10,7 @@ from launch import common
 from rollout.types import SamplingParams
 
 
-@pytest.fixture(autouse=True)
-def parsed_flags():
-    """`conductor_sampling_params` reads flag values, which absl refuses before FLAGS is parsed."""
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
+pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
 
 
 def test_the_trained_limit_applies_unless_max_tokens_is_given(tmp_path):

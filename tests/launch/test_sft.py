@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-from absl import flags
 
 from env.gym_env import ConductorEnv
 from env.tasks.synthetic import DOMAINS
@@ -19,11 +18,7 @@ from models import zoo
 from models.tokenizer import load_tokenizer
 
 
-@pytest.fixture(autouse=True)
-def parsed_flags():
-    """`template_examples` reads `--sft_templates`, which absl refuses before FLAGS is parsed; defaults stand in."""
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
+pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from absl import flags
 from absl.testing import flagsaver
 
 from launch import train
 
 
-@pytest.fixture(autouse=True)
-def parsed_flags():
-    """`learner_config` reads flag values, which absl refuses before FLAGS is parsed; defaults stand in."""
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
+pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
 
 
 def test_optimizer_flags_reach_the_learner_config():
