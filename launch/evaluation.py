@@ -145,12 +145,12 @@ def evaluate(
     generator: Any,
     world: EnvWorld,
     *,
-    params: SamplingParams | None = None,
+    params: SamplingParams,
     repeats: int = 1,
     batch_questions: int = 64,
 ) -> dict[str, Any]:
-    """Samples one completion per question (greedy by default), `repeats` times, scores it and summarizes it."""
-    params = params or SamplingParams(temperature=0.0, max_new_tokens=1024)
+    """Samples one completion per question with `params` (the Conductor's own completion limit: a default would
+    hold a non-stopping small Conductor for 1024 steps), `repeats` times, scores it and summarizes it."""
     outcomes = conductor_outcomes(generator, world, params, repeats, batch_questions)
     return summarize(outcomes, [worker.name for worker in world.env.world.pool])
 
