@@ -268,23 +268,23 @@ class Learner:
         if rows % mini:
             raise ValueError(f"batch of {rows} sequences does not split into mini-batches of {mini}")
         self._num_micro_batches(mini)
-        batch = self._place(batch)
+        # Each mini-batch is padded only as far as its own longest prompt: one long question no longer makes
+        # every optimizer step of the update run at its length.
+        mini_batches = [self._place(batch.rows(slice(start, start + mini)).trimmed()) for start in range(0, rows, mini)]
         on_policy = self.config.num_iterations == 1 and mini == rows
         if not on_policy:
-            batch = batch.replace(old_logprobs=self.logprobs(batch))
-        ref_logprobs = None
-        if self.reference_params is not None:
-            ref_logprobs = self._logprobs(self.reference_params, batch)
+            mini_batches = [m.replace(old_logprobs=self._logprobs(self.params, m)) for m in mini_batches]
+        ref_logprobs = [
+            None if self.reference_params is None else self._logprobs(self.reference_params, m) for m in mini_batches
+        ]
         params, opt_state = self.params, self.opt_state
         step_metrics, learning_rates = [], []
         for _ in range(self.config.num_iterations):
-            for start in range(0, rows, mini):
-                rows_slice = slice(start, start + mini)
+            for mini_batch, mini_ref in zip(mini_batches, ref_logprobs):
                 learning_rates.append(float(self._learning_rate(self.optimizer_step)))
-                mini_ref = None if ref_logprobs is None else ref_logprobs[rows_slice]
                 # params and opt_state are donated: XLA updates their buffers in place.
                 params, opt_state, metrics = _train_step(
-                    self._graphdef, params, self._other_state, opt_state, batch.rows(rows_slice), mini_ref,
+                    self._graphdef, params, self._other_state, opt_state, mini_batch, mini_ref,
                     config=self.config, on_policy=on_policy,
                 )
                 nnx.update(self.model, params)

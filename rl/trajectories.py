@@ -9,6 +9,8 @@ Real tokens are contiguous, so positions are simply 0, 1, 2, ... from the first 
 is aligned with `tokens`: `sampler_logprobs[b, t]` is the sampler's log-probability of `tokens[b, t]`.
 The completion block's width comes from `completion_buckets` and the row length from `length_buckets`, so the set of
 shapes (and of the static `completion_start`) stays small and jit compiles a handful of programs, not one per step.
+A batch remembers its length buckets, so a subset of its rows (a mini-batch) can drop the padding only a longer row
+elsewhere in the batch needed (`trimmed`) and still land on one of the same shapes.
 No column before `completion_start` carries a loss, so the learner computes vocabulary logits only from there on:
 with Conductor prompts of hundreds of tokens and completions of tens, that is most of the LM-head work saved.
 """
@@ -42,6 +44,7 @@ class Trajectories:
     advantages: jax.Array  # float32, the sequence's advantage on each of its tokens
     group_ids: jax.Array  # int32 [batch]
     completion_start: int = struct.field(pytree_node=False, default=1)  # first column that may carry a loss
+    length_buckets: tuple[int, ...] = struct.field(pytree_node=False, default=DEFAULT_LENGTH_BUCKETS)
 
     @property
     def batch_size(self) -> int:
@@ -54,6 +57,22 @@ class Trajectories:
     def rows(self, index) -> "Trajectories":
         """The sub-batch of the given rows (a slice or an index array)."""
         return jax.tree.map(lambda array: array[index], self)
+
+    def trimmed(self) -> "Trajectories":
+        """These rows in the smallest length bucket that holds their longest prompt and the completion block:
+        leading columns that are padding in every row are dropped. Runs on the host (the shape is static)."""
+        first_real = np.asarray(self.attention_mask)[:, : self.completion_start].argmax(axis=1)
+        longest_prompt = self.completion_start - int(first_real.min())
+        length = bucket_length(longest_prompt + self.length - self.completion_start, self.length_buckets)
+        drop = self.length - length
+        if drop <= 0:
+            return self
+        per_token = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "sampler_logprobs",
+                     "advantages")
+        return self.replace(
+            completion_start=self.completion_start - drop,
+            **{name: getattr(self, name)[:, drop:] for name in per_token},
+        )
 
 
 def bucket_length(length: int, length_buckets: Sequence[int]) -> int:
@@ -130,4 +149,5 @@ def build(
         advantages=np.where(loss_mask, advantages[:, None], 0.0).astype(np.float32),
         group_ids=group_ids,
         completion_start=prompt_width,
+        length_buckets=tuple(sorted(length_buckets)),
     )

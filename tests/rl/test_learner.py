@@ -91,6 +91,29 @@ def test_micro_batch_split_does_not_change_parameters(num_iterations, mini_batch
     assert moved > 5e-5  # the updates did change the parameters
 
 
+def test_mini_batches_trimmed_to_their_own_length_give_the_same_update():
+    rng = np.random.default_rng(7)
+    # The first group's prompts are long, the second's short: only the first mini-batch needs 32 columns.
+    prompts = [list(rng.integers(3, 250, size=20)) for _ in range(4)] + [list(rng.integers(3, 250, size=4))] * 4
+    completions = [list(rng.integers(3, 250, size=rng.integers(2, 9))) for _ in range(8)]
+    sampler = [list(-rng.uniform(3.0, 8.0, size=len(c))) for c in completions]
+    group_ids = np.repeat(np.arange(2), 4)
+    adv = advantages.compute("grpo", rng.integers(0, 2, size=8).astype(np.float64), group_ids)
+    config = LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-3), num_iterations=2, mini_batch_size=4)
+    params = []
+    for buckets in ((16, 32), (32,)):
+        batch = build(prompts, completions, sampler, adv, group_ids, pad_id=0, length_buckets=buckets)
+        assert batch.length == 32
+        learner = Learner(_model(), config)
+        learner.update(batch)
+        params.append(_params_of(learner))
+    assert batch.rows(slice(4, 8)).trimmed().length == 32  # one bucket: nothing to trim
+    trimmable = build(prompts, completions, sampler, adv, group_ids, pad_id=0, length_buckets=(16, 32))
+    assert trimmable.rows(slice(4, 8)).trimmed().length == 16
+    for trimmed, padded in zip(*params):
+        np.testing.assert_allclose(trimmed, padded, rtol=0, atol=1e-6)
+
+
 def test_sharded_update_matches_single_device():
     batch = _random_batch(2)
     config = LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-3), micro_batch_size=4)

@@ -48,6 +48,29 @@ def test_is_a_pytree_and_rows_select_sub_batches():
     np.testing.assert_array_equal(second.tokens, batch.tokens[1:2])
 
 
+def test_trimmed_rows_drop_the_padding_only_a_longer_row_needed():
+    batch = build(
+        prompt_ids=[list(range(1, 11)), [5]],
+        completion_ids=[[20, 21], [22]],
+        sampler_logprobs=[[-1.0, -2.0], [-3.0]],
+        advantages=[1.0, -1.0],
+        group_ids=[0, 1],
+        pad_id=0,
+        length_buckets=(16, 4, 8),
+        completion_buckets=(2,),
+    )
+    assert batch.length == 16 and batch.completion_start == 14 and batch.length_buckets == (4, 8, 16)
+    short = batch.rows(slice(1, 2)).trimmed()
+    # prompt 1 + completion block 2 -> bucket 4: the 12 leading columns were padding in this row
+    assert short.length == 4 and short.completion_start == 2 and short.length_buckets == batch.length_buckets
+    for name in ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "sampler_logprobs",
+                 "advantages"):
+        np.testing.assert_array_equal(getattr(short, name), getattr(batch, name)[1:2, 12:], err_msg=name)
+    np.testing.assert_array_equal(short.tokens, [[0, 5, 22, 0]])
+    np.testing.assert_array_equal(short.group_ids, [1])
+    assert batch.trimmed() is batch  # the long row needs every column
+
+
 def test_lengths_snap_to_buckets():
     assert bucket_length(5, (4, 8, 16)) == 8
     assert bucket_length(8, (16, 8)) == 8
