@@ -67,12 +67,9 @@ class Trajectories:
         drop = self.length - length
         if drop <= 0:
             return self
-        per_token = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "sampler_logprobs",
-                     "advantages")
-        return self.replace(
-            completion_start=self.completion_start - drop,
-            **{name: getattr(self, name)[:, drop:] for name in per_token},
-        )
+        # Every [batch, time] array loses the same columns; `group_ids` ([batch]) is untouched.
+        columns_dropped = jax.tree.map(lambda array: array[:, drop:] if array.ndim == 2 else array, self)
+        return columns_dropped.replace(completion_start=self.completion_start - drop)
 
 
 def bucket_length(length: int, length_buckets: Sequence[int]) -> int:

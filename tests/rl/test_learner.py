@@ -99,17 +99,19 @@ def test_mini_batches_trimmed_to_their_own_length_give_the_same_update():
     sampler = [list(-rng.uniform(3.0, 8.0, size=len(c))) for c in completions]
     group_ids = np.repeat(np.arange(2), 4)
     adv = advantages.compute("grpo", rng.integers(0, 2, size=8).astype(np.float64), group_ids)
+    trimmable, one_length = (
+        build(prompts, completions, sampler, adv, group_ids, pad_id=0, length_buckets=buckets)
+        for buckets in ((16, 32), (32,))
+    )
+    assert trimmable.length == one_length.length == 32
+    assert trimmable.rows(slice(4, 8)).trimmed().length == 16
+    assert one_length.rows(slice(4, 8)).trimmed().length == 32  # one bucket: nothing to trim
     config = LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-3), num_iterations=2, mini_batch_size=4)
     params = []
-    for buckets in ((16, 32), (32,)):
-        batch = build(prompts, completions, sampler, adv, group_ids, pad_id=0, length_buckets=buckets)
-        assert batch.length == 32
+    for batch in (trimmable, one_length):
         learner = Learner(_model(), config)
         learner.update(batch)
         params.append(_params_of(learner))
-    assert batch.rows(slice(4, 8)).trimmed().length == 32  # one bucket: nothing to trim
-    trimmable = build(prompts, completions, sampler, adv, group_ids, pad_id=0, length_buckets=(16, 32))
-    assert trimmable.rows(slice(4, 8)).trimmed().length == 16
     for trimmed, padded in zip(*params):
         np.testing.assert_allclose(trimmed, padded, rtol=0, atol=1e-6)
 
