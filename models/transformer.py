@@ -6,6 +6,8 @@ Attribute names mirror the HF module tree (`embed_tokens`, `layers[i].self_attn.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -56,6 +58,19 @@ def attention_mask_4d(attention_mask: jax.Array) -> jax.Array:
     return causal[None, None, None, :, :] & attention_mask[:, None, None, None, :]
 
 
+class PrefixCache(NamedTuple):
+    """Keys and values (RoPE applied) of a prefix, per layer `[B, S, kv_heads, head_dim]`, and its real tokens
+    `[B, S]`. A later call attends to it as to earlier columns of the same rows, and gradients flow back into it."""
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    attention_mask: jax.Array
+
+    def repeat_rows(self, times: int) -> "PrefixCache":
+        """Each row `times` times in a row: one prompt's cache for each of its group's completions."""
+        return jax.tree.map(lambda array: jnp.repeat(array, times, axis=0), self)
+
+
 class Attention(nnx.Module):
     """Grouped-query causal self-attention with optional q/k/v biases (Qwen2) and q/k RMSNorm (Qwen3)."""
 
@@ -73,8 +88,12 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(config.head_dim, **norm)
             self.k_norm = RMSNorm(config.head_dim, **norm)
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
-        """`x` is `[B * T, hidden]` (tokens flattened, see `Transformer.__call__`); `cos`, `sin` are `[B, T, D]`."""
+    def __call__(
+        self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, prefix: tuple[jax.Array, jax.Array] | None
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """`x` is `[B * T, hidden]` (tokens flattened, see `Transformer.__call__`); `cos`, `sin` are `[B, T, D]`;
+        `prefix` is (keys, values) `[B, S, kv_heads, D]` read before this call's own keys (`mask` covers both).
+        Returns the output and this call's own keys and values."""
         config = self.config
         batch, length = cos.shape[:2]
         q = self.q_proj(x).reshape(batch, length, config.num_heads, config.head_dim)
@@ -83,6 +102,9 @@ class Attention(nnx.Module):
         if config.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        own_kv = (k, v)
+        if prefix is not None:
+            k, v = jnp.concatenate([prefix[0], k], axis=1), jnp.concatenate([prefix[1], v], axis=1)
 
         # Query heads are grouped under the key/value head they share: q [B, T, K, G, D] against k [B, S, K, D].
         q = q.reshape(batch, length, config.num_kv_heads, config.num_query_groups, config.head_dim)
@@ -92,7 +114,7 @@ class Attention(nnx.Module):
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(config.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-        return self.o_proj(out.reshape(batch * length, config.num_heads * config.head_dim))
+        return self.o_proj(out.reshape(batch * length, config.num_heads * config.head_dim)), own_kv
 
 
 class MLP(nnx.Module):
@@ -119,13 +141,14 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, **norm)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def __call__(self, x, cos, sin, mask, prefix):
+        attended, own_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, prefix)
+        x = x + attended
+        return x + self.mlp(self.post_attention_layernorm(x)), own_kv
 
 
-def _run_layer(layer: DecoderLayer, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
-    return layer(x, cos, sin, mask)
+def _run_layer(layer: DecoderLayer, x, cos, sin, mask, prefix):
+    return layer(x, cos, sin, mask, prefix)
 
 
 _run_layer_remat = nnx.remat(_run_layer)
@@ -137,6 +160,10 @@ class Transformer(nnx.Module):
     `model(tokens, positions, attention_mask)` returns the final-norm hidden states `[B, T, hidden]`;
     `model.logits(hidden)` applies the (tied or separate) LM head. Positions are explicit so a left-padded row
     gives the same values at its real tokens as the unpadded sequence.
+
+    `model.encode_prefix(...)` also returns the keys and values of every layer, and `model(..., prefix=cache)` runs
+    the following columns against them: a GRPO group's completions share one pass over their prompt, with the same
+    values (and, under autodiff, gradients) as full rows.
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
@@ -154,7 +181,19 @@ class Transformer(nnx.Module):
                 param_dtype=config.param_dtype, kernel_init=_WEIGHT_INIT, rngs=rngs,
             )
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    def __call__(
+        self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, prefix: PrefixCache | None = None
+    ) -> jax.Array:
+        return self._run(tokens, positions, attention_mask, prefix)[0]
+
+    def encode_prefix(
+        self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array
+    ) -> tuple[jax.Array, PrefixCache]:
+        """Hidden states `[B, T, hidden]` and the cache a later call continues these rows from."""
+        hidden, keys, values = self._run(tokens, positions, attention_mask, None)
+        return hidden, PrefixCache(keys, values, attention_mask.astype(jnp.bool_))
+
+    def _run(self, tokens, positions, attention_mask, prefix: PrefixCache | None):
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be [batch, time], got shape {tokens.shape}")
         if positions.shape != tokens.shape or attention_mask.shape != tokens.shape:
@@ -171,10 +210,22 @@ class Transformer(nnx.Module):
         x = self.embed_tokens(tokens).reshape(batch * length, config.hidden_size)
         cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
         mask = attention_mask_4d(attention_mask.astype(jnp.bool_))
+        if prefix is not None:
+            if prefix.attention_mask.shape[0] != batch:
+                raise ValueError(f"prefix has {prefix.attention_mask.shape[0]} rows, tokens {batch}")
+            # Every prefix column precedes every column here: readable wherever it is a real token.
+            prefix_mask = jnp.broadcast_to(
+                prefix.attention_mask[:, None, None, None, :], (batch, 1, 1, length, prefix.attention_mask.shape[1])
+            )
+            mask = jnp.concatenate([prefix_mask, mask], axis=-1)
         run_layer = _run_layer_remat if config.remat else _run_layer
-        for layer in self.layers:
-            x = run_layer(layer, x, cos, sin, mask)
-        return self.norm(x).reshape(batch, length, config.hidden_size)
+        keys, values = [], []
+        for index, layer in enumerate(self.layers):
+            layer_prefix = None if prefix is None else (prefix.keys[index], prefix.values[index])
+            x, (k, v) = run_layer(layer, x, cos, sin, mask, layer_prefix)
+            keys.append(k)
+            values.append(v)
+        return self.norm(x).reshape(batch, length, config.hidden_size), tuple(keys), tuple(values)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """`[..., vocab]` logits in the compute dtype."""

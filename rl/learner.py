@@ -9,6 +9,10 @@ the split.
 Old log-probs (the denominator of the policy ratio) are the learner's own at the weights that sampled the batch:
 with one pass and one mini-batch they are the stop-gradient of the current log-probs (no extra forward pass);
 otherwise `update` computes them once before the first optimizer step.
+
+With `share_prompts`, consecutive rows that carry the same prompt (a GRPO group's completions) run their prompt
+through the model once: its keys and values are repeated for each completion, which attends to them as to its own
+earlier columns. Values and gradients are those of the full rows; the work on the prompt drops by the group size.
 """
 
 from __future__ import annotations
@@ -97,6 +101,8 @@ class LearnerConfig:
     micro_batch_size: sequences per forward/backward pass (None: the whole mini-batch); only memory depends on it.
     logprob_chunk_size: sequence chunk for log-softmax, so [batch, time, vocab] logits never exist whole.
     temperature: the sampling temperature; log-probs are log_softmax(logits / temperature) as the sampler's are.
+    share_prompts: encode a prompt once per block of consecutive rows that share it (see the module docstring);
+        rows that share nothing fall back to one pass per row, so this is safe on any batch.
     """
 
     loss: LossConfig = LossConfig()
@@ -106,6 +112,7 @@ class LearnerConfig:
     micro_batch_size: int | None = None
     logprob_chunk_size: int = 256
     temperature: float = 1.0
+    share_prompts: bool = True
 
     def __post_init__(self) -> None:
         if self.num_iterations < 1:
@@ -133,36 +140,56 @@ def _split_rows(tree, parts: int):
 # Learner with the same model structure and config shares one compiled program.
 
 
-def _forward(graphdef, params, other_state, tokens, positions, attention_mask, completion_start: int, config):
+def _forward(
+    graphdef, params, other_state, tokens, positions, attention_mask, completion_start: int, config, prompt_block: int
+):
     """Log-probs and entropies [B, T] aligned with `tokens`. Columns before `completion_start` carry no loss: they
-    are 0, and their vocabulary logits are never computed."""
+    are 0, and their vocabulary logits are never computed. Every aligned block of `prompt_block` rows shares one
+    prompt, which is encoded once (1: each row is run whole)."""
     model = nnx.merge(graphdef, params, other_state)
-    hidden = model(tokens, positions, attention_mask)
-    return sequence_token_logprobs(
-        model,
-        hidden,
-        tokens,
-        completion_start,
+    options = dict(
         temperature=config.temperature,
         chunk_size=config.logprob_chunk_size,
         return_entropy=True,
         entropy_gradient=config.loss.entropy_coef > 0,
     )
+    if prompt_block == 1:
+        return sequence_token_logprobs(model, model(tokens, positions, attention_mask), tokens, completion_start,
+                                       **options)  # fmt: skip
+    prompt, completion = slice(0, completion_start), slice(completion_start, None)
+    prompt_hidden, cache = model.encode_prefix(
+        tokens[::prompt_block, prompt], positions[::prompt_block, prompt], attention_mask[::prompt_block, prompt]
+    )
+    completion_hidden = model(
+        tokens[:, completion], positions[:, completion], attention_mask[:, completion],
+        prefix=cache.repeat_rows(prompt_block),
+    )
+    # The prompt's last column predicts the first completion token; it leads the completion block here.
+    hidden = jnp.concatenate([jnp.repeat(prompt_hidden[:, -1:], prompt_block, axis=0), completion_hidden], axis=1)
+    values = sequence_token_logprobs(model, hidden, tokens[:, completion_start - 1 :], 1, **options)
+    return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (completion_start - 1, 0))), values)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "config", "num_micro_batches"))
-def _batch_logprobs(graphdef, params, other_state, batch: Trajectories, *, config, num_micro_batches):
+@functools.partial(jax.jit, static_argnames=("graphdef", "config", "num_micro_batches", "prompt_block"))
+def _batch_logprobs(graphdef, params, other_state, batch: Trajectories, *, config, num_micro_batches, prompt_block):
     inputs = _split_rows((batch.tokens, batch.positions, batch.attention_mask), num_micro_batches)
     logprobs = jax.lax.map(
-        lambda micro: _forward(graphdef, params, other_state, *micro, batch.completion_start, config)[0], inputs
+        lambda micro: _forward(
+            graphdef, params, other_state, *micro, batch.completion_start, config, prompt_block
+        )[0],
+        inputs,
     )
     return logprobs.reshape(batch.tokens.shape)
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "config", "on_policy"), donate_argnames=("params", "opt_state")
+    jax.jit,
+    static_argnames=("graphdef", "config", "on_policy", "prompt_block"),
+    donate_argnames=("params", "opt_state"),
 )
-def _train_step(graphdef, params, other_state, opt_state, batch: Trajectories, ref_logprobs, *, config, on_policy):
+def _train_step(
+    graphdef, params, other_state, opt_state, batch: Trajectories, ref_logprobs, *, config, on_policy, prompt_block
+):
     """One optimizer step on a mini-batch, its gradient accumulated over micro-batches."""
     token_weights = aggregation_weights(batch.loss_mask, config.loss)
     num_tokens = jnp.maximum(batch.loss_mask.sum(), 1).astype(jnp.float32)
@@ -171,7 +198,7 @@ def _train_step(graphdef, params, other_state, opt_state, batch: Trajectories, r
     def micro_loss(params, micro: Trajectories, micro_weights, micro_ref):
         logprobs, entropy = _forward(
             graphdef, params, other_state, micro.tokens, micro.positions, micro.attention_mask,
-            micro.completion_start, config,
+            micro.completion_start, config, prompt_block,
         )
         old_logprobs = jax.lax.stop_gradient(logprobs) if on_policy else micro.old_logprobs
         return grpo_loss(
@@ -250,15 +277,20 @@ class Learner:
             raise ValueError(f"{rows} rows do not split into micro-batches of {micro}")
         return rows // micro
 
+    def _prompt_block(self, batch: Trajectories) -> int:
+        if not self.config.share_prompts:
+            return 1
+        return batch.prompt_block_size(batch.batch_size // self._num_micro_batches(batch.batch_size))
+
     def logprobs(self, batch: Trajectories) -> jax.Array:
         """log_softmax(logits / temperature) of each token from `batch.completion_start` on under the current
         weights, [B, T] float32 (earlier columns, prompt only, are 0)."""
-        return self._logprobs(self.params, self._place(batch))
+        return self._logprobs(self.params, self._place(batch), self._prompt_block(batch))
 
-    def _logprobs(self, params, batch: Trajectories) -> jax.Array:
+    def _logprobs(self, params, batch: Trajectories, prompt_block: int) -> jax.Array:
         return _batch_logprobs(
             self._graphdef, params, self._other_state, batch,
-            config=self.config, num_micro_batches=self._num_micro_batches(batch.batch_size),
+            config=self.config, num_micro_batches=self._num_micro_batches(batch.batch_size), prompt_block=prompt_block,
         )
 
     def update(self, batch: Trajectories) -> dict[str, float]:
@@ -270,22 +302,28 @@ class Learner:
         self._num_micro_batches(mini)
         # Each mini-batch is padded only as far as its own longest prompt: one long question no longer makes
         # every optimizer step of the update run at its length.
-        mini_batches = [self._place(batch.rows(slice(start, start + mini)).trimmed()) for start in range(0, rows, mini)]
+        mini_batches = [batch.rows(slice(start, start + mini)).trimmed() for start in range(0, rows, mini)]
+        prompt_blocks = [self._prompt_block(m) for m in mini_batches]
+        mini_batches = [self._place(m) for m in mini_batches]
         on_policy = self.config.num_iterations == 1 and mini == rows
         if not on_policy:
-            mini_batches = [m.replace(old_logprobs=self._logprobs(self.params, m)) for m in mini_batches]
+            mini_batches = [
+                m.replace(old_logprobs=self._logprobs(self.params, m, block))
+                for m, block in zip(mini_batches, prompt_blocks)
+            ]
         ref_logprobs = [
-            None if self.reference_params is None else self._logprobs(self.reference_params, m) for m in mini_batches
+            None if self.reference_params is None else self._logprobs(self.reference_params, m, block)
+            for m, block in zip(mini_batches, prompt_blocks)
         ]
         params, opt_state = self.params, self.opt_state
         step_metrics, learning_rates = [], []
         for _ in range(self.config.num_iterations):
-            for mini_batch, mini_ref in zip(mini_batches, ref_logprobs):
+            for mini_batch, mini_ref, prompt_block in zip(mini_batches, ref_logprobs, prompt_blocks):
                 learning_rates.append(float(self._learning_rate(self.optimizer_step)))
                 # params and opt_state are donated: XLA updates their buffers in place.
                 params, opt_state, metrics = _train_step(
                     self._graphdef, params, self._other_state, opt_state, mini_batch, mini_ref,
-                    config=self.config, on_policy=on_policy,
+                    config=self.config, on_policy=on_policy, prompt_block=prompt_block,
                 )
                 nnx.update(self.model, params)
                 self.opt_state = opt_state

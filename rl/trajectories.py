@@ -71,6 +71,25 @@ class Trajectories:
         columns_dropped = jax.tree.map(lambda array: array[:, drop:] if array.ndim == 2 else array, self)
         return columns_dropped.replace(completion_start=self.completion_start - drop)
 
+    def prompt_block_size(self, rows_per_pass: int) -> int:
+        """The largest number of consecutive rows, dividing `rows_per_pass`, such that every aligned block of that
+        many rows has one prompt (the same tokens and padding before `completion_start`). A GRPO group's
+        completions are consecutive rows, so this is usually the group size, and the learner encodes each block's
+        prompt once (`LearnerConfig.share_prompts`). Runs on the host."""
+        if rows_per_pass < 1 or self.batch_size % rows_per_pass:
+            raise ValueError(f"{self.batch_size} rows do not split into passes of {rows_per_pass}")
+        prompt = slice(0, self.completion_start)
+        prompt_columns = np.concatenate(
+            [np.asarray(self.tokens)[:, prompt], np.asarray(self.attention_mask)[:, prompt]], axis=1
+        )
+        for block in range(rows_per_pass, 1, -1):
+            if rows_per_pass % block:
+                continue
+            blocks = prompt_columns.reshape(self.batch_size // block, block, -1)
+            if np.array_equal(blocks, np.broadcast_to(blocks[:, :1], blocks.shape)):
+                return block
+        return 1
+
 
 def bucket_length(length: int, length_buckets: Sequence[int]) -> int:
     """The smallest bucket that holds `length` tokens."""

@@ -71,6 +71,32 @@ def test_trimmed_rows_drop_the_padding_only_a_longer_row_needed():
     assert batch.trimmed() is batch  # the long row needs every column
 
 
+@pytest.mark.parametrize(
+    "prompts, rows_per_pass, expected",
+    [
+        ([[1, 2]] * 4 + [[3]] * 4, 8, 4),  # two groups of four
+        ([[1, 2]] * 4 + [[3]] * 4, 2, 2),  # a pass of two rows holds half a group
+        ([[1, 2]] * 2 + [[3]] * 6, 8, 2),  # aligned pairs share a prompt, aligned fours do not
+        ([[1, 2]] * 3 + [[3]] * 5, 8, 1),  # groups of three are not aligned with any divisor of 8
+        ([[0, 2], [2]] * 4, 8, 1),  # the same ids after padding ([0, 0, 2]), but one 0 is a real token
+    ],
+)
+def test_prompt_block_is_the_largest_aligned_run_of_one_prompt(prompts, rows_per_pass, expected):
+    batch = build(
+        prompt_ids=prompts,
+        completion_ids=[[9]] * 8,
+        sampler_logprobs=[[-1.0]] * 8,
+        advantages=[0.0] * 8,
+        group_ids=[0] * 8,
+        pad_id=0,
+        length_buckets=(4,),
+        completion_buckets=(1,),
+    )
+    assert batch.prompt_block_size(rows_per_pass) == expected
+    with pytest.raises(ValueError, match="do not split"):
+        batch.prompt_block_size(3)
+
+
 def test_lengths_snap_to_buckets():
     assert bucket_length(5, (4, 8, 16)) == 8
     assert bucket_length(8, (16, 8)) == 8
