@@ -249,6 +249,7 @@ class EnvWorld:
         self.tokenizer = tokenizer
         self.tasks = env.world.tasks
         self.num_questions = len(self.tasks)
+        self.question_strata = [task.domain for task in self.tasks]
         self._prompts: dict[int, list[int]] = {}
 
     def prompt_ids(self, question: int) -> list[int]:

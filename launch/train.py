@@ -48,12 +48,18 @@ _MISMATCH = flags.DEFINE_enum(
 )
 _MISMATCH_CAP = flags.DEFINE_float("mismatch_cap", 2.0, "Cap of the mismatch importance weights.")
 _DYNAMIC_SAMPLING = flags.DEFINE_boolean("dynamic_sampling", False, "Drop groups whose rewards all agree.")
+_STRATIFY = flags.DEFINE_boolean(
+    "stratify_questions", False, "Each iteration's questions take the task domains in turn (one of each per run)."
+)
 _QUESTIONS = flags.DEFINE_integer("questions_per_step", 4, "Questions per iteration.")
 _GROUP = flags.DEFINE_integer("group_size", 8, "Completions per question.")
 _ITERATIONS = flags.DEFINE_integer("iterations", 20, "Training iterations.")
 _PPO_EPOCHS = flags.DEFINE_integer("num_iterations", 1, "Passes over each batch (mu in GRPO).")
 _MINI_BATCH = flags.DEFINE_integer("mini_batch_size", None, "Sequences per optimizer step (default: whole batch).")
 _MICRO_BATCH = flags.DEFINE_integer("micro_batch_size", None, "Sequences per forward/backward pass.")
+_SHARE_PROMPTS = flags.DEFINE_boolean(
+    "share_prompts", True, "Encode a group's shared prompt once per learner pass (same update, less work)."
+)
 _LR = flags.DEFINE_float("lr", 1e-6, "Peak learning rate (AdamW).")
 _SCHEDULE = flags.DEFINE_enum("lr_schedule", "cosine", ["cosine", "constant"], "Learning-rate schedule after warmup.")
 _WARMUP_RATIO = flags.DEFINE_float("warmup_ratio", 0.03, "Fraction of optimizer steps spent warming up.")
@@ -114,6 +120,7 @@ def learner_config(num_completions: int, max_completion_tokens: int) -> LearnerC
         mini_batch_size=_MINI_BATCH.value,
         micro_batch_size=_MICRO_BATCH.value,
         temperature=common.sampling_params().temperature,
+        share_prompts=_SHARE_PROMPTS.value,
     )
 
 
@@ -145,6 +152,7 @@ def main(argv: list[str]) -> None:
         estimator=_ESTIMATOR.value,
         estimator_options={"std_scaling": _STD_SCALING.value} if _ESTIMATOR.value == "grpo" else {},
         dynamic_sampling=_DYNAMIC_SAMPLING.value,
+        stratify_questions=_STRATIFY.value,
         recursion=env.config.recursion_rounds > 0,
         checkpoint_every=_CHECKPOINT_EVERY.value,
         seed=common.seed(),

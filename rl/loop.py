@@ -50,9 +50,11 @@ class Rollout:
 
 
 class World(Protocol):
-    """The environment as the loop sees it: questions by index, prompts as token ids, scored completions."""
+    """The environment as the loop sees it: questions by index, prompts as token ids, scored completions.
+    `question_strata` (a label per question, e.g. its domain) is needed only by `LoopConfig.stratify_questions`."""
 
     num_questions: int
+    question_strata: Sequence[str] | None
 
     def prompt_ids(self, question: int) -> list[int]: ...
 
@@ -88,7 +90,8 @@ class LoopConfig:
     are masked out of the loss (the batch keeps its shape, so nothing recompiles). With `recursion`, each completion
     the world gives a follow-up prompt gets a second Conductor round on its first round's result; the world's
     second-round reward is the episode's (the world blends in the discounted first-round reward, so the reward is
-    defined once, in `env.rewards`), and both rounds' completions train on it.
+    defined once, in `env.rewards`), and both rounds' completions train on it. With `stratify_questions`, each
+    iteration's questions take the world's `question_strata` labels (its task domains) in turn.
     """
 
     iterations: int
@@ -98,6 +101,7 @@ class LoopConfig:
     estimator_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dynamic_sampling: bool = False
     recursion: bool = False
+    stratify_questions: bool = False
     checkpoint_every: int = 10
     samples_to_log: int = 4
     seed: int = 0
@@ -119,15 +123,33 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}")
 
 
-def question_order(num_questions: int, seed: int, position: int, count: int) -> list[int]:
+def question_order(
+    num_questions: int, seed: int, position: int, count: int, strata: Sequence[str] | None = None
+) -> list[int]:
     """Questions `position .. position + count` of an endless stream of per-epoch shuffles (a pure function, so the
-    data position alone restores the stream)."""
+    data position alone restores the stream).
+
+    With `strata` (a label per question, e.g. its domain), the stream takes the labels in turn, each label's
+    questions in their own per-epoch shuffle, so every run of as many questions as there are labels holds one of
+    each: no iteration's batch leaves a domain out or doubles one up.
+    """
     if num_questions < 1:
         raise ValueError("the world has no questions")
+    if strata is None:
+        pools = [list(range(num_questions))]
+    else:
+        if len(strata) != num_questions:
+            raise ValueError(f"{len(strata)} strata labels for {num_questions} questions")
+        labels = sorted(set(strata))
+        pools = [[q for q in range(num_questions) if strata[q] == label] for label in labels]
     order = []
     for index in range(position, position + count):
-        epoch, offset = divmod(index, num_questions)
-        order.append(int(np.random.default_rng([seed, epoch]).permutation(num_questions)[offset]))
+        pool_index, turn = index % len(pools), index // len(pools)
+        pool = pools[pool_index]
+        epoch, offset = divmod(turn, len(pool))
+        # The unstratified stream keeps its original seeding, so earlier runs' question orders stay reproducible.
+        rng_seed = [seed, epoch] if strata is None else [seed, epoch, pool_index]
+        order.append(pool[int(np.random.default_rng(rng_seed).permutation(len(pool))[offset])])
     return order
 
 
@@ -171,6 +193,9 @@ class TrainingLoop:
         self.policy_version = 0
         self.rng_key = jax.random.key(config.seed)
         self._next_sample_id = 0
+        self._strata = getattr(world, "question_strata", None) if config.stratify_questions else None
+        if config.stratify_questions and self._strata is None:
+            raise ValueError("stratify_questions needs a world with question_strata (a label per question)")
 
     # -- state --------------------------------------------------------------------------------------------------
 
@@ -230,7 +255,7 @@ class TrainingLoop:
         started = time.perf_counter()
 
         questions = question_order(self.world.num_questions, config.seed, self.data_position,
-                                   config.questions_per_step)
+                                   config.questions_per_step, self._strata)
         prompts = [self.world.prompt_ids(q) for q in questions]
         rounds = [self._sample(prompts, questions, 0, config.group_size, None, times)]
         rewards = [r.reward for r in rounds[0].rollouts]

@@ -54,6 +54,7 @@ class ParityWorld:
     constant_reward: float | None = None
     followup: bool = False
     second_reward: float = 0.75
+    question_strata: tuple[str, ...] | None = None
 
     def prompt_ids(self, question):
         return [1, 2, question + 3]
@@ -122,6 +123,32 @@ def test_question_order_is_a_pure_function_of_the_data_position():
     assert whole[:7] != whole[7:14], "each epoch is reshuffled"
     with pytest.raises(ValueError, match="no questions"):
         question_order(0, 0, 0, 1)
+
+
+def test_stratified_order_takes_the_labels_in_turn_and_each_label_through_all_its_questions():
+    strata = ("b", "a", "c", "a", "b", "a", "c", "a", "b", "a")  # a: 5 questions, b: 3, c: 2
+    whole = question_order(10, seed=3, position=0, count=30, strata=strata)
+    assert question_order(10, 3, 0, 13, strata) + question_order(10, 3, 13, 17, strata) == whole
+    assert [strata[q] for q in whole] == ["a", "b", "c"] * 10
+    for label, size in (("a", 5), ("b", 3), ("c", 2)):
+        stream = [q for q in whole if strata[q] == label]
+        for epoch in range(len(stream) // size):
+            assert sorted(stream[size * epoch : size * (epoch + 1)]) == [q for q in range(10) if strata[q] == label]
+    # Without strata the stream is the one earlier runs used: a seeded permutation per epoch.
+    assert question_order(10, 3, 0, 10) == [int(q) for q in np.random.default_rng([3, 0]).permutation(10)]
+    with pytest.raises(ValueError, match="9 strata labels for 10 questions"):
+        question_order(10, 3, 0, 1, strata[:9])
+
+
+def test_a_stratified_loop_asks_one_question_of_each_domain_per_iteration():
+    world = ParityWorld(num_questions=6, question_strata=("x", "x", "x", "x", "y", "y"))
+    loop, _ = make_loop(world, iterations=3, stratify_questions=True)
+    loop.run()
+    for batch in loop.learner.batches:
+        questions = {int(q) - 3 for q in np.asarray(batch.tokens)[:, batch.completion_start - 1]}
+        assert sorted(world.question_strata[q] for q in questions) == ["x", "y"]
+    with pytest.raises(ValueError, match="question_strata"):
+        make_loop(ParityWorld(), stratify_questions=True)
 
 
 def test_each_iteration_updates_syncs_a_new_version_and_advances_the_data():
