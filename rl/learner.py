@@ -28,7 +28,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from models.logprobs import sequence_token_logprobs
+from models.logprobs import sequence_token_logprobs, token_logprobs
 from models.sharding import batch_sharding, shard_model
 from rl.losses import LossConfig, aggregation_weights, grpo_loss
 from rl.trajectories import Trajectories
@@ -164,10 +164,12 @@ def _forward(
         tokens[:, completion], positions[:, completion], attention_mask[:, completion],
         prefix=cache.repeat_rows(prompt_block),
     )
-    # The prompt's last column predicts the first completion token; it leads the completion block here.
-    hidden = jnp.concatenate([jnp.repeat(prompt_hidden[:, -1:], prompt_block, axis=0), completion_hidden], axis=1)
-    values = sequence_token_logprobs(model, hidden, tokens[:, completion_start - 1 :], 1, **options)
-    return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (completion_start - 1, 0))), values)
+    # The prompt's last column predicts the first completion token, each completion column the next one.
+    predicting = jnp.concatenate(
+        [jnp.repeat(prompt_hidden[:, -1:], prompt_block, axis=0), completion_hidden[:, :-1]], axis=1
+    )
+    values = token_logprobs(model, predicting, tokens[:, completion], **options)
+    return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (completion_start, 0))), values)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config", "num_micro_batches", "prompt_block"))

@@ -89,11 +89,12 @@ def run() -> Report:
     assert grouped_batch.prompt_block_size(BATCH) == BATCH // GROUPS
     n_tokens = BATCH * (PROMPT + COMPLETION)
 
-    config = LearnerConfig(
+    learner_config = LearnerConfig(
         loss=LossConfig(clip_low=CLIP, clip_high=CLIP, aggregation="seq-mean-token-mean"),
         optimizer=OptimizerConfig(learning_rate=LEARNING_RATE, schedule="constant", max_grad_norm=MAX_GRAD_NORM),
     )
-    learner, grouped_learner = Learner(hf_io.load(model_dir), config), Learner(hf_io.load(model_dir), config)
+    learner = Learner(hf_io.load(model_dir), learner_config)
+    grouped_learner = Learner(hf_io.load(model_dir), learner_config)
     compile_start = time.perf_counter()
     learner.update(batch)
     flax_compile_s = time.perf_counter() - compile_start
