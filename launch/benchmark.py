@@ -6,6 +6,10 @@ table and, as its last line, one JSON object of the figures. Speed goals are che
 
 from __future__ import annotations
 
+from launch.host_memory import retain_freed_memory
+
+retain_freed_memory()  # first, before JAX and torch start their threads (launch/host_memory.py)
+
 import importlib
 
 from absl import app, flags

@@ -12,6 +12,10 @@ prints the markdown.
 
 from __future__ import annotations
 
+from launch.host_memory import retain_freed_memory
+
+retain_freed_memory()  # first, before JAX and torch start their threads (launch/host_memory.py)
+
 import dataclasses
 import logging
 import pathlib

@@ -18,6 +18,10 @@ degrades the answer; a Conductor reply that is no valid workflow gives an empty 
 
 from __future__ import annotations
 
+from launch.host_memory import retain_freed_memory
+
+retain_freed_memory()  # first, before JAX and torch start their threads (launch/host_memory.py)
+
 import asyncio
 import dataclasses
 import hashlib

@@ -13,6 +13,10 @@ routes uniformly, but its decision state carries the domain, so RL can learn per
 
 from __future__ import annotations
 
+from launch.host_memory import retain_freed_memory
+
+retain_freed_memory()  # first, before JAX and torch start their threads (launch/host_memory.py)
+
 import json
 import logging
 import pathlib
