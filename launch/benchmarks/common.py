@@ -9,6 +9,8 @@ import platform
 import time
 from typing import Any, Callable, Sequence
 
+from launch.host_memory import OPT_OUT_VARIABLE
+
 
 @dataclasses.dataclass
 class Report:
@@ -27,6 +29,8 @@ def machine() -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
+        # What the entry points (and the e2e suite's training subprocess) do with freed memory: launch/host_memory.py.
+        "host_memory_retained": os.environ.get(OPT_OUT_VARIABLE, "1") != "0",
     }
     try:
         import jax
