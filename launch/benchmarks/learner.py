@@ -5,11 +5,11 @@ per-token entropy (a logged metric on both sides), the clipped policy loss with 
 global-norm clipping and AdamW, all float32. Goal: Flax >= 1.2x torch tokens/s. Model-FLOPs utilisation is
 reported against the float32 matmul rate measured in the same run.
 
-The goal compares the same work: 8 different prompts. The same update in micro-batches of 2 (exact: the learner sums
-per-token losses over the global denominator) keeps each XLA call's temporary buffer under the 2 GiB that
-`launch.host_memory` keeps mapped between calls; one micro-batch of 8 needs 5.2 GB, which glibc maps and zeroes
-afresh on every call. A fourth engine runs the update on the batch GRPO actually
-produces, 2 groups of 4 completions that share their group's prompt, which the learner encodes once per group
+The goal compares the same work: 8 different prompts. A second Flax engine runs the same update in micro-batches of 2
+(exact: the learner sums per-token losses over the global denominator), which keeps each XLA call's temporary buffer
+under the 2 GiB that `launch.host_memory` keeps mapped between calls; one micro-batch of 8 needs 5.2 GB, which glibc
+maps and the kernel zeroes afresh on every call. A third runs the update on the batch GRPO actually produces, 2
+groups of 4 completions that share their group's prompt, which the learner encodes once per group
 (`LearnerConfig.share_prompts`); its tokens/s counts the full rows, since the update it computes is the same.
 """
 
