@@ -12,10 +12,6 @@ rerun with the same command. The plot shows each estimator's mean over seeds of 
 
 from __future__ import annotations
 
-from launch.host_memory import retain_freed_memory
-
-retain_freed_memory()  # first, before JAX and torch start their threads (launch/host_memory.py)
-
 import json
 import pathlib
 import subprocess

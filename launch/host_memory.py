@@ -30,10 +30,15 @@ _LARGEST_INT = 2**31 - 1
 OPT_OUT_VARIABLE = "RETAIN_HOST_MEMORY"
 
 
+def requested() -> bool:
+    """Whether this process (and the entry points it starts) retain freed memory: unless `RETAIN_HOST_MEMORY=0`."""
+    return os.environ.get(OPT_OUT_VARIABLE, "1") != "0"
+
+
 def retain_freed_memory() -> bool:
     """Applies the three glibc malloc settings above. Returns whether they took effect: False when
     `RETAIN_HOST_MEMORY=0` or when the C library is not glibc."""
-    if os.environ.get(OPT_OUT_VARIABLE, "1") == "0":
+    if not requested():
         return False
     name = ctypes.util.find_library("c")
     libc = ctypes.CDLL(name) if name else None

@@ -9,7 +9,7 @@ import platform
 import time
 from typing import Any, Callable, Sequence
 
-from launch.host_memory import OPT_OUT_VARIABLE
+from launch import host_memory
 
 
 @dataclasses.dataclass
@@ -30,7 +30,7 @@ def machine() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         # What the entry points (and the e2e suite's training subprocess) do with freed memory: launch/host_memory.py.
-        "host_memory_retained": os.environ.get(OPT_OUT_VARIABLE, "1") != "0",
+        "host_memory_retained": host_memory.requested(),
     }
     try:
         import jax
