@@ -127,6 +127,31 @@ async def _call(
     return reply, False
 
 
+def step_messages(
+    task: Task, records: Sequence[StepRecord], shown: Sequence[int], instruction: str
+) -> list[dict[str, str]]:
+    """What a step's worker is sent: the question, the earlier steps `shown` to it (instruction and response),
+    and its own instruction."""
+    visible = [(records[j].instruction, records[j].response) for j in shown]
+    return prompts.worker_messages(task.question, visible, instruction)
+
+
+def expected_grade(execution: Execution, task: Task, pool: Sequence[Worker]) -> float | None:
+    """The final answer's grade in expectation over the last call's own draw, given what that call read.
+
+    A world-model worker (simulated, replay) draws a right or wrong reply with a probability it can state
+    (`p_right`); its expected grade has the drawn grade's mean without its variance. None when the last step's
+    worker states no probability (a real model), when that step failed, or when the round ran no step.
+    """
+    if not execution.steps:
+        return None
+    last = execution.steps[-1]
+    p_right = getattr(pool[last.worker], "p_right", None)
+    if p_right is None or not last.ok:
+        return None
+    return float(p_right(step_messages(task, execution.steps, last.visible, last.instruction), task))
+
+
 async def execute_async(
     workflow: Workflow,
     task: Task,
@@ -158,8 +183,7 @@ async def execute_async(
         for earlier in readable:
             await running[earlier]
         shown = tuple(j for j in readable if records[j].error is None)  # type: ignore[union-attr]
-        visible = [(steps[j].instruction, records[j].response) for j in shown]  # type: ignore[union-attr]
-        messages = prompts.worker_messages(task.question, visible, step.instruction)
+        messages = step_messages(task, records, shown, step.instruction)  # type: ignore[arg-type]
         worker = pool[step.worker]
         started = time.perf_counter() - start
         error: str | None = None

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import gymnasium
 
 from env import prompts
-from env.executor import Execution, ExecutorConfig, aclose_workers, execute_async
+from env.executor import Execution, ExecutorConfig, aclose_workers, execute_async, expected_grade
 from env.rewards import RewardConfig, reward
 from env.tasks.base import Task
 from env.workers.base import Message
@@ -37,6 +37,9 @@ class EnvConfig:
     max_concurrency: int = 1024
     grading_threads: int = 8
     seed: int = 0
+    # Grade a world-model worker's final answer by its probability of being right instead of its 0/1 draw: the
+    # same expected reward and accuracy, without the draw's variance (`env.executor.expected_grade`).
+    expected_grades: bool = False
     executor: ExecutorConfig = ExecutorConfig()
     reward: RewardConfig = RewardConfig()
 
@@ -189,7 +192,11 @@ class ConductorEnv(gymnasium.Env):
             sample_index=sample_index,
             previous=None if previous is None else previous.execution,
         )
-        grade = await asyncio.get_running_loop().run_in_executor(self._grading, task.grade, execution.final_answer)
+        grade = expected_grade(execution, task, self.world.pool) if config.expected_grades else None
+        if grade is None:
+            grade = await asyncio.get_running_loop().run_in_executor(
+                self._grading, task.grade, execution.final_answer
+            )
         total, components = reward(execution, grade, None, config.reward, previous_reward=previous_reward)
         return Scored(task.id, round_index, total, components, workflow, None, execution, grade)
 

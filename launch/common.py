@@ -85,6 +85,11 @@ _MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", 256, "Workflows execu
 _WORKER_MAX_TOKENS = flags.DEFINE_integer("worker_max_tokens", 4096, "Token limit of each worker call.")
 _WORKER_TEMPERATURE = flags.DEFINE_float("worker_temperature", 0.2, "Sampling temperature of worker calls.")
 _CACHE = flags.DEFINE_string("cache", None, "SQLite response cache path (none: no cache).")
+_EXPECTED_GRADES = flags.DEFINE_boolean(
+    "expected_grades", False,
+    "Grade a synthetic or replay worker's final answer by its probability of being right (a replay worker's recorded "
+    "fraction correct) instead of a 0/1 draw: same expected reward and accuracy, no draw variance.",
+)
 
 # -- the reward ---------------------------------------------------------------------------------------------------
 
@@ -214,6 +219,7 @@ def build_env(tasks: Sequence[str] | None = None) -> ConductorEnv:
         recursion_rounds=_RECURSION_ROUNDS.value,
         max_concurrency=_MAX_CONCURRENCY.value,
         seed=_SEED.value,
+        expected_grades=_EXPECTED_GRADES.value,
         executor=ExecutorConfig(
             max_tokens=_WORKER_MAX_TOKENS.value, temperature=_WORKER_TEMPERATURE.value, seed=_SEED.value
         ),

@@ -114,6 +114,13 @@ class SimulatedWorker:
             raise WorkerError(f"{self.name}: no skill for domain {task.domain!r} and no default_skill")
         return self.default_skill
 
+    def p_right(self, messages: Sequence[Message], task: "Task") -> float:
+        """The probability that a reply to `messages` is right: the skill, through the answer model (a call reads a
+        correct earlier response when the task's reference response is in its messages). The expected grade of
+        the reply, which `complete` draws."""
+        content = "\n".join(message["content"] for message in messages)
+        return self.answer_model.p_correct(self.skill(task), task_library.reference_response(task) in content)
+
     async def complete(
         self,
         messages: Sequence[Message],
@@ -128,10 +135,11 @@ class SimulatedWorker:
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         content = "\n".join(message["content"] for message in messages)
-        reference = task_library.reference_response(task)
-        p_right = self.answer_model.p_correct(self.skill(task), reference in content)
         draw, wrong_seed = call_draw(seed, self.name, task.id, content)
-        text = reference if draw < p_right else task_library.wrong_response(task, random.Random(wrong_seed))
+        if draw < self.p_right(messages, task):
+            text = task_library.reference_response(task)
+        else:
+            text = task_library.wrong_response(task, random.Random(wrong_seed))
         prompt_tokens = math.ceil(len(content) / CHARS_PER_TOKEN)
         completion_tokens = min(self.completion_tokens, max_tokens)
         return WorkerReply(

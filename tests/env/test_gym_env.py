@@ -1,4 +1,6 @@
 import asyncio
+import collections
+import statistics
 import threading
 import time
 
@@ -9,8 +11,11 @@ from env import prompts
 from env.executor import ExecutorConfig
 from env.gym_env import ConductorEnv, EnvConfig
 from env.rewards import RewardConfig
+from env.tasks import load as load_tasks
 from env.workflow import Step, Workflow, render_workflow
-from env.worlds import SyntheticWorldConfig, World, build_world
+from env.workers.replay import ROUTERDC_MODELS
+from env.workers.simulated import AnswerModel, SimulatedWorker
+from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, World, build_world
 from tests.env.helpers import ScriptedWorker, exact_task
 
 ONE_STEP = render_workflow(Workflow(steps=(Step(0, "Solve the question."),)))
@@ -188,3 +193,65 @@ def test_the_env_is_a_gymnasium_env():
     assert isinstance(env, gymnasium.Env)
     assert isinstance(env.unwrapped, ConductorEnv)
     env.close()
+
+
+def _score(env: ConductorEnv, task, completion: str, sample_index: int = 0):
+    return env._runner.run(env.score(task, completion, sample_index=sample_index))
+
+
+def _one_step(worker: int) -> str:
+    return render_workflow(Workflow(steps=(Step(worker, "Solve the question."),)))
+
+
+def test_expected_grades_of_one_step_replays_are_the_recorded_fractions():
+    world = build_world(ReplayWorldConfig(files=("gsm8k-test", "mmlu_test"), limit_per_file=20))
+    expected = ConductorEnv(world, EnvConfig(expected_grades=True, executor=ExecutorConfig(seed=0)))
+    drawn = ConductorEnv(world, EnvConfig(executor=ExecutorConfig(seed=0)))
+    fractions, expected_grades, drawn_grades = [], [], []
+    for task in world.tasks:
+        for worker, model in enumerate(ROUTERDC_MODELS):
+            scored = _score(expected, task, _one_step(worker))
+            fractions.append(task.metadata["scores"][model])
+            expected_grades.append(scored.grade)
+            assert scored.reward == pytest.approx(0.5 + 0.5 * task.metadata["scores"][model])
+            drawn_grades.append(_score(drawn, task, _one_step(worker)).grade)
+    assert expected_grades == pytest.approx(fractions, abs=0.0)
+    assert set(drawn_grades) == {0.0, 1.0}
+    # 280 draws of the same fractions: standard error of their mean <= 0.03
+    assert statistics.fmean(drawn_grades) == pytest.approx(statistics.fmean(fractions), abs=0.09)
+    assert len(set(fractions)) > 2  # the fractions are not themselves 0/1
+    expected.close()
+    drawn.close()
+
+
+def test_expected_grades_follow_the_answer_model_when_the_last_step_reads_earlier_work():
+    adopt = AnswerModel(rule="adopt", adopt_rate=0.6)
+    pool = [
+        SimulatedWorker("planner", {}, default_skill=0.5, answer_model=adopt),
+        SimulatedWorker("finisher", {}, default_skill=0.2, answer_model=adopt),
+    ]
+    task = load_tasks("synthetic", limit=1, seed=0)[0]
+    env = ConductorEnv(World("adopt", pool, [task]), EnvConfig(expected_grades=True, executor=ExecutorConfig(seed=3)))
+    reads_first = render_workflow(Workflow(steps=(Step(0, "Draft."), Step(1, "Check.", (0,)))))
+    ignores_first = render_workflow(Workflow(steps=(Step(0, "Draft."), Step(1, "Check."))))
+    seen = collections.Counter()
+    for sample in range(40):
+        scored = _score(env, task, reads_first, sample)
+        first_right = task.grade(scored.execution.steps[0].response) == 1.0
+        seen[first_right] += 1
+        assert scored.grade == pytest.approx(1 - (1 - 0.2) * (1 - 0.6) if first_right else 0.2)
+        assert _score(env, task, ignores_first, sample).grade == pytest.approx(0.2)
+    assert seen[True] > 0 and seen[False] > 0  # both branches were exercised
+    env.close()
+
+
+def test_expected_grades_fall_back_to_grading_the_text():
+    real = ConductorEnv(scripted_world(ScriptedWorker("w", "41")), EnvConfig(expected_grades=True))
+    task = real.world.tasks[0]
+    assert _score(real, task, ONE_STEP).grade == 0.0  # a real model's reply is graded on its text
+    real.close()
+    no_skill = SimulatedWorker("lost", {"other": 0.9})  # fails: no skill for the task's domain
+    failing = ConductorEnv(World("failing", [no_skill], [task]), EnvConfig(expected_grades=True))
+    scored = _score(failing, task, ONE_STEP)
+    assert scored.execution.steps[0].error is not None and scored.grade == 0.0
+    failing.close()

@@ -97,6 +97,24 @@ def test_replay_single_workers_and_oracle_give_the_recorded_accuracies(replay_en
     assert results["oracle routing"]["average_accuracy"] > best["average_accuracy"]
 
 
+def test_expected_grades_make_replay_accuracies_exact():
+    world = build_world(ReplayWorldConfig(files=("gsm8k-test", "arc_challenge_test"), limit_per_file=60))
+    env = ConductorEnv(world, EnvConfig(expected_grades=True, executor=ExecutorConfig(seed=0)))
+    results = run_baselines(env, BaselineConfig(baselines=("single", "oracle")), repeats=2)
+    for w, model in enumerate(ROUTERDC_MODELS):
+        for domain, measured in results[f"single {w}: {model}"]["domains"].items():
+            scores = [t.metadata["scores"][model] for t in world.tasks if t.domain == domain]
+            assert measured["correct"] == pytest.approx(np.mean(scores), abs=1e-12), (model, domain)
+            assert measured["correct_stderr"] == 0.0  # no draws, so the repeats agree exactly
+    best_per_question = {
+        domain: np.mean([max(t.metadata["scores"].values()) for t in world.tasks if t.domain == domain])
+        for domain in ("gsm8k", "arc_challenge")
+    }
+    oracle = results["oracle routing"]
+    assert oracle["average_accuracy"] == pytest.approx(np.mean(list(best_per_question.values())), abs=1e-12)
+    env.close()
+
+
 def test_per_domain_best_routes_each_domain_to_its_best_single_worker(replay_env):
     results = run_baselines(replay_env, BaselineConfig(baselines=("single", "domain_best")), repeats=2)
     routed = results["per-domain best worker"]

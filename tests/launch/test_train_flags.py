@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from absl.testing import flagsaver
 
-from launch import train
+from launch import common, train
 
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
@@ -28,3 +28,9 @@ def test_optimizer_flags_reach_the_learner_config():
 def test_a_non_positive_adam_eps_is_rejected():
     with flagsaver.flagsaver(adam_eps=0.0), pytest.raises(ValueError, match="eps"):
         train.learner_config(num_completions=32, max_completion_tokens=64)
+
+
+def test_expected_grades_flag_reaches_the_env():
+    assert not common.build_env().config.expected_grades
+    with flagsaver.flagsaver(expected_grades=True):
+        assert common.build_env().config.expected_grades
