@@ -1,8 +1,10 @@
 """Supervised format warm-start of the Conductor: `python -m launch.sft [--flags]`.
 
 Teachers: `templates` (single worker, plan -> solve -> verify, fan-out + aggregate, with workers drawn uniformly, so
-the student writes valid workflows and routes at random) or `rollouts` (rejection-sampling fine-tuning on the
-high-reward completions a training run logged to its rollouts.jsonl). Before and after, it samples the Conductor on
+the student writes valid workflows and routes at random), `rollouts` (rejection-sampling fine-tuning on the
+high-reward completions a training run logged to its rollouts.jsonl) or `world` (rejection-sampling fine-tuning
+against the world itself: template workflows executed and graded now, each weighted by its grade; see
+`world_examples`). Before and after, it samples the Conductor on
 a few questions and reports the fraction of completions that parse as workflows. The result is an HF directory
 (`--sft_out`) that `--conductor` accepts. `launch.train --warm_start_steps=N` runs the same warm-start in-process.
 
@@ -17,6 +19,7 @@ from launch.host_memory import retain_freed_memory
 
 retain_freed_memory()  # first, before JAX and torch start their threads (launch/host_memory.py)
 
+import dataclasses
 import json
 import logging
 import pathlib
@@ -44,7 +47,9 @@ _LR_SCHEDULE = flags.DEFINE_enum(
     "teacher's average over many batches, e.g. uniform routing, rather than on the last few batches' draws).",
 )
 _BATCH = flags.DEFINE_integer("sft_batch_size", 8, "Supervised examples per step.")
-_TEACHER = flags.DEFINE_enum("sft_teacher", "templates", ["templates", "rollouts"], "Where the targets come from.")
+_TEACHER = flags.DEFINE_enum(
+    "sft_teacher", "templates", ["templates", "rollouts", "world"], "Where the targets come from."
+)
 _TEMPLATES = flags.DEFINE_list("sft_templates", list(TEMPLATES), "Template policies of the templates teacher.")
 _ROLLOUTS = flags.DEFINE_string("sft_rollouts", None, "A run's rollouts.jsonl (teacher=rollouts).")
 _MIN_REWARD = flags.DEFINE_float("sft_min_reward", 1.0, "Keep logged rollouts with at least this reward.")
@@ -129,6 +134,39 @@ def rollout_examples(world: common.EnvWorld, path: str, min_reward: float, probe
     return examples
 
 
+def world_examples(world: common.EnvWorld, count: int, rng: random.Random, probe: bool = False) -> list[Example]:
+    """About `count` template workflows, executed and graded in the world, each weighted by its grade.
+
+    Questions are drawn at random; each gets one random template, run once with every pool worker as its final
+    (answering) step, so every route's grade on the question is seen (a full-information sample of the routing
+    decision). A weighted example counts as that many copies (rl/sft.py), so with 0/1 grades this keeps the right
+    workflows (rejection sampling) and with `--expected_grades` it is reward-weighted regression: either way the
+    student learns to route each question in proportion to each worker's chance of answering it, and greedy
+    decoding picks the likeliest.
+    """
+    pool_size = len(world.env.world.pool)
+    access_mode = world.env.config.access_mode
+    labels = domain_labels(world) if probe else None
+    questions, completions = [], []
+    for _ in range(-(-count // pool_size)):
+        question = rng.randrange(world.num_questions)
+        workflow = random_template(pool_size, rng, _TEMPLATES.value)
+        for final in range(pool_size):
+            steps = (*workflow.steps[:-1], dataclasses.replace(workflow.steps[-1], worker=final))
+            text = "\n" + render_workflow(dataclasses.replace(workflow, steps=steps), access_mode)
+            questions.append(question)
+            completions.append(completion_ids(world.tokenizer, text))
+    rollouts = world.score(questions, completions, [None] * len(questions), range(len(questions)))
+    examples = [
+        dataclasses.replace(make_example(world, question, ids, labels), weight=rollout.metrics["correct"])
+        for question, ids, rollout in zip(questions, completions, rollouts)
+        if rollout.metrics["correct"] > 0
+    ]
+    if not examples:
+        raise ValueError("no template workflow earned a grade above 0 in this world")
+    return examples
+
+
 def format_validity(generator: Any, world: common.EnvWorld, questions: Sequence[int], samples: int,
                     params: SamplingParams) -> float:
     """Fraction of `samples` completions (spread over `questions`) that parse as a workflow."""
@@ -152,6 +190,10 @@ def warm_start(model: Any, world: common.EnvWorld, steps: int, seed: int) -> lis
     probe = _DOMAIN_PROBE_WEIGHT.value > 0
     if _TEACHER.value == "templates":
         examples = template_examples(world, steps * _BATCH.value, rng, probe)
+    elif _TEACHER.value == "world":
+        examples = world_examples(world, steps * _BATCH.value, rng, probe)
+        log.info("world teacher: %d weighted examples, mean weight %.3f", len(examples),
+                 sum(e.weight for e in examples) / len(examples))
     else:
         if not _ROLLOUTS.value:
             raise ValueError("--sft_teacher=rollouts needs --sft_rollouts")

@@ -2,7 +2,9 @@
 
 Used before RL when the Conductor cannot yet write the action format (format warm-start on template workflows) and
 for rejection-sampling fine-tuning on logged high-reward rollouts. The loss is the mean negative log-likelihood of
-the completion tokens (`loss_mask`) at temperature 1; prompts only condition.
+the completion tokens (`loss_mask`) at temperature 1; prompts only condition. An example may carry a weight (its
+grade, say): the loss is then the weighted token mean, so a weight-w example counts as w copies of it
+(reward-weighted regression, whose optimum imitates each completion in proportion to its expected grade).
 
 Optional decision probe: a linear classifier, trained jointly and then discarded, that predicts a label of the
 question (its domain) from the hidden state at one completion position per example (where the first worker id is
@@ -62,8 +64,11 @@ class Example:
     completion_ids: tuple[int, ...]
     probe_index: int | None = None  # completion token whose preceding hidden state the probe reads
     probe_label: int | None = None
+    weight: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (np.isfinite(self.weight) and self.weight >= 0):
+            raise ValueError(f"Example.weight must be finite and >= 0, got {self.weight}")
         if (self.probe_index is None) != (self.probe_label is None):
             raise ValueError("Example.probe_index and probe_label are given together or not at all")
         if self.probe_index is not None and not 0 <= self.probe_index < len(self.completion_ids):
@@ -73,11 +78,14 @@ class Example:
 
 
 def negative_log_likelihood(model: nnx.Module, hidden: jax.Array, batch: Trajectories, chunk_size: int) -> jax.Array:
-    """Mean NLL of the loss-masked tokens of `batch` given the model's `hidden` states (vocabulary logits only from
-    `completion_start` on)."""
+    """NLL of the loss-masked tokens of `batch` given the model's `hidden` states (vocabulary logits only from
+    `completion_start` on), averaged over tokens weighted by their row's example weight.
+
+    The weights ride in `batch.advantages`: weighted likelihood is the advantage-weighted regression form.
+    """
     logprobs = sequence_token_logprobs(model, hidden, batch.tokens, batch.completion_start, chunk_size=chunk_size)
-    mask = batch.loss_mask.astype(jnp.float32)
-    return -(logprobs * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+    mask = batch.loss_mask.astype(jnp.float32) * batch.advantages  # the row's weight on each of its tokens
+    return -(logprobs * mask).sum() / jnp.maximum(mask.sum(), 1e-6)
 
 
 def probe_cross_entropy(
@@ -146,7 +154,7 @@ class SupervisedTrainer:
             [e.prompt_ids for e in examples],
             [e.completion_ids for e in examples],
             [np.zeros(len(e.completion_ids), np.float32) for e in examples],
-            np.zeros(count, np.float32),
+            np.array([e.weight for e in examples], np.float32),
             np.arange(count),
             pad_id=pad_id,
             length_buckets=self.config.length_buckets,
@@ -163,6 +171,8 @@ class SupervisedTrainer:
         (and hands each to `on_step(step_index, metrics)` as it happens)."""
         if not examples:
             raise ValueError("no supervised examples to fit")
+        if not any(e.weight > 0 for e in examples):
+            raise ValueError("every supervised example has weight 0")
         if self.probe is not None:
             labels = {e.probe_label for e in examples if e.probe_label is not None}
             if not labels:

@@ -9,10 +9,16 @@ import subprocess
 import sys
 
 import pytest
+from absl.testing import flagsaver
 
-from env.gym_env import ConductorEnv
+from env.executor import ExecutorConfig
+from env.gym_env import ConductorEnv, EnvConfig
+from env.policies import random_template
+from env.prompts import CONDUCTOR_PREFIX
+from env.workers.replay import ROUTERDC_MODELS
+from env.workflow import parse_workflow
 from env.tasks.synthetic import DOMAINS
-from env.worlds import SyntheticWorldConfig, build_world
+from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, build_world
 from launch import common, sft
 from models import zoo
 from models.tokenizer import load_tokenizer
@@ -64,6 +70,61 @@ def test_rollout_examples_label_the_logged_workflows_that_name_a_worker(world, t
     assert labelled.probe_label == sft.domain_labels(world)[world.tasks[5].domain]
     assert world.tokenizer.decode(list(workflow_ids[labelled.probe_index : labelled.probe_index + 1])).strip() == "2"
     assert (unlabelled.probe_index, unlabelled.probe_label) == (None, None)
+
+
+def _replay_world(expected_grades: bool) -> common.EnvWorld:
+    world = build_world(ReplayWorldConfig(files=("gsm8k-test", "arc_challenge_test"), limit_per_file=10))
+    env = ConductorEnv(world, EnvConfig(max_steps=1, expected_grades=expected_grades, executor=ExecutorConfig(seed=0)))
+    return common.EnvWorld(env, load_tokenizer(zoo.smollm2_135m_instruct()))
+
+
+def _route(world: common.EnvWorld, example) -> tuple[int, int]:
+    """(question, final worker) of a world-teacher example."""
+    question = next(q for q in range(world.num_questions) if tuple(world.prompt_ids(q)) == example.prompt_ids)
+    text = world.tokenizer.decode(list(example.completion_ids), skip_special_tokens=True)
+    workflow = parse_workflow(CONDUCTOR_PREFIX + text, len(ROUTERDC_MODELS), 1, "binary")
+    return question, workflow.steps[-1].worker
+
+
+def _drawn_questions(world: common.EnvWorld, count: int, seed: int) -> list[int]:
+    """The questions `world_examples` draws with `random.Random(seed)` and single-step templates."""
+    rng = random.Random(seed)
+    drawn = []
+    for _ in range(count):
+        drawn.append(rng.randrange(world.num_questions))
+        random_template(len(ROUTERDC_MODELS), rng, ["single"])
+    return drawn
+
+
+def test_world_examples_weight_every_route_of_a_question_by_its_expected_grade():
+    world = _replay_world(expected_grades=True)
+    with flagsaver.flagsaver(sft_templates=["single"]):
+        examples = sft.world_examples(world, 3 * len(ROUTERDC_MODELS), random.Random(0), probe=True)
+    routes = {_route(world, e): e for e in examples}
+    assert len(routes) == len(examples)  # each (question, worker) once
+    for question in _drawn_questions(world, 3, seed=0):
+        scores = world.tasks[question].metadata["scores"]
+        for worker, model in enumerate(ROUTERDC_MODELS):
+            example = routes.get((question, worker))
+            if scores[model] == 0:
+                assert example is None  # a route that is never right teaches nothing
+            else:
+                assert example.weight == pytest.approx(scores[model], abs=1e-7)
+                assert example.probe_label == sft.domain_labels(world)[world.tasks[question].domain]
+
+
+def test_world_examples_with_drawn_grades_keep_the_right_answers_only():
+    world = _replay_world(expected_grades=False)
+    with flagsaver.flagsaver(sft_templates=["single"]):
+        examples = sft.world_examples(world, 20 * len(ROUTERDC_MODELS), random.Random(1))
+    assert {e.weight for e in examples} == {1.0}
+    # 140 drawn routes: the kept share is the mean recorded score of the routes tried (standard error <= 0.043)
+    tried = [
+        world.tasks[question].metadata["scores"][model]
+        for question in _drawn_questions(world, 20, seed=1)
+        for model in ROUTERDC_MODELS
+    ]
+    assert len(examples) / (20 * len(ROUTERDC_MODELS)) == pytest.approx(sum(tried) / len(tried), abs=0.15)
 
 
 @pytest.mark.slow

@@ -23,11 +23,12 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-def test_nll_is_the_mean_over_completion_tokens_of_the_full_vocabulary_log_softmax():
+@pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (0.5, 2.0, 0.0)])
+def test_nll_is_the_weighted_mean_over_completion_tokens_of_the_full_vocabulary_log_softmax(weights):
     rng = np.random.default_rng(0)
     examples = [
-        Example(tuple(rng.integers(3, 256, size=p)), tuple(rng.integers(3, 256, size=c)))
-        for p, c in ((5, 3), (9, 7), (2, 1))
+        Example(tuple(rng.integers(3, 256, size=p)), tuple(rng.integers(3, 256, size=c)), weight=w)
+        for (p, c), w in zip(((5, 3), (9, 7), (2, 1)), weights)
     ]
     model = _model()
     trainer = SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, logprob_chunk_size=4))
@@ -36,12 +37,26 @@ def test_nll_is_the_mean_over_completion_tokens_of_the_full_vocabulary_log_softm
     nll = negative_log_likelihood(model, hidden, batch, chunk_size=4)
 
     logprobs = _log_softmax(np.asarray(model.logits(hidden), np.float64))
-    expected = []
+    expected, token_weights = [], []
     for row, example in enumerate(examples):
         for offset, token in enumerate(example.completion_ids):
             column = batch.completion_start + offset
             expected.append(-logprobs[row, column - 1, token])
-    np.testing.assert_allclose(float(nll), np.mean(expected), rtol=1e-5)
+            token_weights.append(example.weight)
+    np.testing.assert_allclose(float(nll), np.average(expected, weights=token_weights), rtol=1e-5)
+
+
+def test_weighted_fit_imitates_each_completion_in_proportion_to_its_weight():
+    # Reward-weighted regression's optimum: one prompt, two answers weighted 3:1 -> probabilities 0.75 : 0.25.
+    first, second, eos = 10, 11, 2
+    examples = [Example((5, 6, 7), (first, eos), weight=0.6), Example((5, 6, 7), (second, eos), weight=0.2)]
+    model = _model()
+    SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, batch_size=2)).fit(examples, steps=150, pad_id=0)
+    tokens = jnp.asarray([[5, 6, 7]])
+    hidden = model(tokens, jnp.arange(3)[None], jnp.ones((1, 3), bool))
+    probabilities = jax.nn.softmax(model.logits(hidden)[0, -1].astype(jnp.float32))
+    assert float(probabilities[first] / (probabilities[first] + probabilities[second])) == pytest.approx(0.75, abs=0.02)
+    assert float(probabilities[first] + probabilities[second]) > 0.95
 
 
 def test_probe_cross_entropy_matches_numpy_and_skips_unlabelled_rows():
@@ -141,3 +156,8 @@ def test_bad_examples_and_probe_inputs_are_rejected():
         trainer.step(trainer.batch([Example((1,), (2, 3))], pad_id=0))
     with pytest.raises(ValueError, match="no supervised examples"):
         trainer.fit([], steps=1, pad_id=0)
+    for weight in (-0.5, float("nan")):
+        with pytest.raises(ValueError, match="weight"):
+            Example((1,), (2, 3), weight=weight)
+    with pytest.raises(ValueError, match="weight 0"):
+        SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER)).fit([Example((1,), (2, 3), weight=0.0)], 1, 0)
