@@ -78,6 +78,11 @@ _MULTI_STEP_RULE = flags.DEFINE_enum(
 )
 _ADOPT_RATE = flags.DEFINE_float("adopt_rate", 0.5, "Adoption probability of the 'adopt' multi-step rule.")
 _LOCAL_WORKERS = flags.DEFINE_integer("local_workers", 2, "SmolLM2-135M-Instruct workers in the local world.")
+_STRATIFY = flags.DEFINE_boolean(
+    "stratify_questions", False,
+    "Questions take the task domains in turn: each training iteration holds one of each per run of as many "
+    "questions as there are domains, and the world warm-start teacher draws the domains equally.",
+)
 _MAX_STEPS = flags.DEFINE_integer("max_steps", 5, "Most steps a workflow may have.")
 _ACCESS_MODE = flags.DEFINE_enum("access_mode", "binary", ["binary", "fine"], "Access-list format.")
 _RECURSION_ROUNDS = flags.DEFINE_integer("recursion_rounds", 0, "Extra Conductor rounds on the first round's result.")
@@ -117,6 +122,10 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Conductor sampling temper
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Conductor nucleus sampling.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Conductor top-k sampling (0: off).")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 1024, "Most tokens the Conductor writes per completion.")
+
+def stratify_questions() -> bool:
+    return _STRATIFY.value
+
 
 def seed() -> int:
     return _SEED.value

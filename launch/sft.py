@@ -35,6 +35,7 @@ from env.workflow import WorkflowFormatError, parse_workflow, render_workflow
 from launch import common
 from models import hf_io
 from rl.learner import OptimizerConfig
+from rl.loop import question_order
 from rl.sft import Example, SFTConfig, SupervisedTrainer
 from rollout.types import SamplingParams
 
@@ -137,8 +138,9 @@ def rollout_examples(world: common.EnvWorld, path: str, min_reward: float, probe
 def world_examples(world: common.EnvWorld, count: int, rng: random.Random, probe: bool = False) -> list[Example]:
     """About `count` template workflows, executed and graded in the world, each weighted by its grade.
 
-    Questions are drawn at random; each gets one random template, run once with every pool worker as its final
-    (answering) step, so every route's grade on the question is seen (a full-information sample of the routing
+    Questions come from `rl.loop.question_order` (the task domains in turn with `--stratify_questions`, so a small
+    task file is not drowned by a large one); each gets one random template, run once with every pool worker as its
+    final (answering) step, so every route's grade on the question is seen (a full-information sample of the routing
     decision). A weighted example counts as that many copies (rl/sft.py), so with 0/1 grades this keeps the right
     workflows (rejection sampling) and with `--expected_grades` it is reward-weighted regression: either way the
     student learns to route each question in proportion to each worker's chance of answering it, and greedy
@@ -147,9 +149,9 @@ def world_examples(world: common.EnvWorld, count: int, rng: random.Random, probe
     pool_size = len(world.env.world.pool)
     access_mode = world.env.config.access_mode
     labels = domain_labels(world) if probe else None
+    strata = world.question_strata if common.stratify_questions() else None
     questions, completions = [], []
-    for _ in range(-(-count // pool_size)):
-        question = rng.randrange(world.num_questions)
+    for question in question_order(world.num_questions, rng.randrange(2**31), 0, -(-count // pool_size), strata):
         workflow = random_template(pool_size, rng, _TEMPLATES.value)
         for final in range(pool_size):
             steps = (*workflow.steps[:-1], dataclasses.replace(workflow.steps[-1], worker=final))

@@ -52,9 +52,6 @@ _MISMATCH = flags.DEFINE_enum(
 )
 _MISMATCH_CAP = flags.DEFINE_float("mismatch_cap", 2.0, "Cap of the mismatch importance weights.")
 _DYNAMIC_SAMPLING = flags.DEFINE_boolean("dynamic_sampling", False, "Drop groups whose rewards all agree.")
-_STRATIFY = flags.DEFINE_boolean(
-    "stratify_questions", False, "Each iteration's questions take the task domains in turn (one of each per run)."
-)
 _QUESTIONS = flags.DEFINE_integer("questions_per_step", 4, "Questions per iteration.")
 _GROUP = flags.DEFINE_integer("group_size", 8, "Completions per question.")
 _ITERATIONS = flags.DEFINE_integer("iterations", 20, "Training iterations.")
@@ -156,7 +153,7 @@ def main(argv: list[str]) -> None:
         estimator=_ESTIMATOR.value,
         estimator_options={"std_scaling": _STD_SCALING.value} if _ESTIMATOR.value == "grpo" else {},
         dynamic_sampling=_DYNAMIC_SAMPLING.value,
-        stratify_questions=_STRATIFY.value,
+        stratify_questions=common.stratify_questions(),
         recursion=env.config.recursion_rounds > 0,
         checkpoint_every=_CHECKPOINT_EVERY.value,
         seed=common.seed(),

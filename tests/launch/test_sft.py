@@ -3,6 +3,7 @@ first worker id)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 import subprocess
@@ -13,7 +14,6 @@ from absl.testing import flagsaver
 
 from env.executor import ExecutorConfig
 from env.gym_env import ConductorEnv, EnvConfig
-from env.policies import random_template
 from env.prompts import CONDUCTOR_PREFIX
 from env.workers.replay import ROUTERDC_MODELS
 from env.workflow import parse_workflow
@@ -22,6 +22,7 @@ from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, build_world
 from launch import common, sft
 from models import zoo
 from models.tokenizer import load_tokenizer
+from rl.loop import question_order
 
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
@@ -87,13 +88,8 @@ def _route(world: common.EnvWorld, example) -> tuple[int, int]:
 
 
 def _drawn_questions(world: common.EnvWorld, count: int, seed: int) -> list[int]:
-    """The questions `world_examples` draws with `random.Random(seed)` and single-step templates."""
-    rng = random.Random(seed)
-    drawn = []
-    for _ in range(count):
-        drawn.append(rng.randrange(world.num_questions))
-        random_template(len(ROUTERDC_MODELS), rng, ["single"])
-    return drawn
+    """The questions `world_examples` draws with `random.Random(seed)`, unstratified."""
+    return question_order(world.num_questions, random.Random(seed).randrange(2**31), 0, count)
 
 
 def test_world_examples_weight_every_route_of_a_question_by_its_expected_grade():
@@ -125,6 +121,17 @@ def test_world_examples_with_drawn_grades_keep_the_right_answers_only():
         for model in ROUTERDC_MODELS
     ]
     assert len(examples) / (20 * len(ROUTERDC_MODELS)) == pytest.approx(sum(tried) / len(tried), abs=0.15)
+
+
+def test_stratified_world_examples_draw_the_task_domains_equally():
+    world = _replay_world(expected_grades=True)  # 10 GSM8K and 10 ARC-Challenge questions
+    with flagsaver.flagsaver(sft_templates=["single"], stratify_questions=True):
+        examples = sft.world_examples(world, 8 * len(ROUTERDC_MODELS), random.Random(2))
+    drawn = question_order(world.num_questions, random.Random(2).randrange(2**31), 0, 8, world.question_strata)
+    assert collections.Counter(world.tasks[q].domain for q in drawn) == {"gsm8k": 4, "arc_challenge": 4}
+    assert {_route(world, e)[0] for e in examples} <= set(drawn)
+    unstratified = question_order(world.num_questions, random.Random(2).randrange(2**31), 0, 8)
+    assert unstratified != drawn
 
 
 @pytest.mark.slow
