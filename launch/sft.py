@@ -144,7 +144,9 @@ def world_examples(world: common.EnvWorld, count: int, rng: random.Random, probe
     decision). A weighted example counts as that many copies (rl/sft.py), so with 0/1 grades this keeps the right
     workflows (rejection sampling) and with `--expected_grades` it is reward-weighted regression: either way the
     student learns to route each question in proportion to each worker's chance of answering it, and greedy
-    decoding picks the likeliest.
+    decoding picks the likeliest. A question's routes are consecutive examples, weight 0 included, so the trainer
+    keeps them in one batch and encodes their prompt once (a batch of a multiple of the pool size holds whole
+    questions).
     """
     pool_size = len(world.env.world.pool)
     access_mode = world.env.config.access_mode
@@ -159,14 +161,12 @@ def world_examples(world: common.EnvWorld, count: int, rng: random.Random, probe
             questions.append(question)
             completions.append(completion_ids(world.tokenizer, text))
     rollouts = world.score(questions, completions, [None] * len(questions), range(len(questions)))
-    examples = [
+    if not any(rollout.metrics["correct"] > 0 for rollout in rollouts):
+        raise ValueError("no template workflow earned a grade above 0 in this world")
+    return [
         dataclasses.replace(make_example(world, question, ids, labels), weight=rollout.metrics["correct"])
         for question, ids, rollout in zip(questions, completions, rollouts)
-        if rollout.metrics["correct"] > 0
     ]
-    if not examples:
-        raise ValueError("no template workflow earned a grade above 0 in this world")
-    return examples
 
 
 def format_validity(generator: Any, world: common.EnvWorld, questions: Sequence[int], samples: int,
@@ -194,8 +194,12 @@ def warm_start(model: Any, world: common.EnvWorld, steps: int, seed: int) -> lis
         examples = template_examples(world, steps * _BATCH.value, rng, probe)
     elif _TEACHER.value == "world":
         examples = world_examples(world, steps * _BATCH.value, rng, probe)
-        log.info("world teacher: %d weighted examples, mean weight %.3f", len(examples),
+        pool_size = len(world.env.world.pool)
+        log.info("world teacher: %d questions x %d routes, mean weight %.3f", len(examples) // pool_size, pool_size,
                  sum(e.weight for e in examples) / len(examples))
+        if _BATCH.value % pool_size:
+            log.warning("--sft_batch_size=%d is not a multiple of the pool size %d: batches split questions' routes, "
+                        "whose prompts are then encoded once per route", _BATCH.value, pool_size)
     else:
         if not _ROLLOUTS.value:
             raise ValueError("--sft_teacher=rollouts needs --sft_rollouts")

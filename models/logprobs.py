@@ -91,13 +91,38 @@ def token_logprobs(
     return unchunk(logp)
 
 
-def sequence_token_logprobs(
-    model: Transformer, hidden: jax.Array, tokens: jax.Array, first_column: int, **options
-) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """`token_logprobs` of `tokens[:, first_column:]` given the hidden states of whole rows, aligned with `tokens`
-    as `[B, T]` (columns before `first_column` are 0, and their vocabulary logits are never computed; column 0 has
-    no predecessor, so it is always 0). `options` are `token_logprobs`'s keyword arguments."""
-    start = max(first_column, 1)
-    values = token_logprobs(model, hidden[:, start - 1 : -1], tokens[:, start:], **options)
-    pad = ((0, 0), (start, 0))
-    return jax.tree.map(lambda x: jnp.pad(x, pad), values)
+def completion_predictors(
+    model: Transformer,
+    tokens: jax.Array,
+    positions: jax.Array,
+    attention_mask: jax.Array,
+    completion_start: int,
+    prompt_block: int = 1,
+) -> jax.Array:
+    """`[B, T - completion_start, hidden]`: at column j, the hidden state that predicts token `completion_start + j`
+    (the state of the column before it), i.e. what `token_logprobs` needs for the completion columns.
+
+    With `prompt_block` > 1, every aligned block of that many rows carries one prompt (the same columns before
+    `completion_start`, as a GRPO group's completions or the routes of one question do). The prompt then runs once
+    per block (`Transformer.encode_prefix`), and each row's completion columns attend to its keys and values,
+    repeated per row, as to their own earlier columns. Values and gradients are those of the full rows; the work on
+    the prompt drops by the block size.
+    """
+    if completion_start < 1:
+        raise ValueError(f"completion_start must be >= 1 (a completion needs a prompt token), got {completion_start}")
+    if prompt_block < 1 or tokens.shape[0] % prompt_block:
+        raise ValueError(f"{tokens.shape[0]} rows do not split into prompt blocks of {prompt_block}")
+    if prompt_block == 1:
+        return model(tokens, positions, attention_mask)[:, completion_start - 1 : -1]
+    prompt, completion = slice(0, completion_start), slice(completion_start, None)
+    prompt_hidden, cache = model.encode_prefix(
+        tokens[::prompt_block, prompt], positions[::prompt_block, prompt], attention_mask[::prompt_block, prompt]
+    )
+    completion_hidden = model(
+        tokens[:, completion], positions[:, completion], attention_mask[:, completion],
+        prefix=cache.repeat_rows(prompt_block),
+    )
+    # The prompt's last column predicts the first completion token, each completion column the next one.
+    return jnp.concatenate(
+        [jnp.repeat(prompt_hidden[:, -1:], prompt_block, axis=0), completion_hidden[:, :-1]], axis=1
+    )

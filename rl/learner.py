@@ -28,7 +28,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from models.logprobs import sequence_token_logprobs, token_logprobs
+from models.logprobs import completion_predictors, token_logprobs
 from models.sharding import batch_sharding, shard_model
 from rl.losses import LossConfig, aggregation_weights, grpo_loss
 from rl.trajectories import Trajectories
@@ -145,30 +145,18 @@ def _forward(
 ):
     """Log-probs and entropies [B, T] aligned with `tokens`. Columns before `completion_start` carry no loss: they
     are 0, and their vocabulary logits are never computed. Every aligned block of `prompt_block` rows shares one
-    prompt, which is encoded once (1: each row is run whole)."""
+    prompt, which is encoded once (1: each row is run whole; `models.logprobs.completion_predictors`)."""
     model = nnx.merge(graphdef, params, other_state)
-    options = dict(
+    predicting = completion_predictors(model, tokens, positions, attention_mask, completion_start, prompt_block)
+    values = token_logprobs(
+        model,
+        predicting,
+        tokens[:, completion_start:],
         temperature=config.temperature,
         chunk_size=config.logprob_chunk_size,
         return_entropy=True,
         entropy_gradient=config.loss.entropy_coef > 0,
     )
-    if prompt_block == 1:
-        return sequence_token_logprobs(model, model(tokens, positions, attention_mask), tokens, completion_start,
-                                       **options)  # fmt: skip
-    prompt, completion = slice(0, completion_start), slice(completion_start, None)
-    prompt_hidden, cache = model.encode_prefix(
-        tokens[::prompt_block, prompt], positions[::prompt_block, prompt], attention_mask[::prompt_block, prompt]
-    )
-    completion_hidden = model(
-        tokens[:, completion], positions[:, completion], attention_mask[:, completion],
-        prefix=cache.repeat_rows(prompt_block),
-    )
-    # The prompt's last column predicts the first completion token, each completion column the next one.
-    predicting = jnp.concatenate(
-        [jnp.repeat(prompt_hidden[:, -1:], prompt_block, axis=0), completion_hidden[:, :-1]], axis=1
-    )
-    values = token_logprobs(model, predicting, tokens[:, completion], **options)
     return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (completion_start, 0))), values)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from models.logprobs import sequence_token_logprobs
+from models.logprobs import completion_predictors, token_logprobs
 from rl import trajectories
 from rl.learner import OptimizerConfig
 from rl.trajectories import Trajectories
@@ -39,6 +39,8 @@ class SFTConfig:
     seed: int = 0
     probe_classes: int = 0  # 0: no decision probe
     probe_weight: float = 0.0  # weight of the probe's cross-entropy beside the mean NLL
+    # Encode a prompt once per aligned block of rows that carry it (a question's routes); the same loss and gradient.
+    share_prompts: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -77,14 +79,18 @@ class Example:
             )
 
 
-def negative_log_likelihood(model: nnx.Module, hidden: jax.Array, batch: Trajectories, chunk_size: int) -> jax.Array:
-    """NLL of the loss-masked tokens of `batch` given the model's `hidden` states (vocabulary logits only from
-    `completion_start` on), averaged over tokens weighted by their row's example weight.
+def negative_log_likelihood(
+    model: nnx.Module, predicting: jax.Array, batch: Trajectories, chunk_size: int
+) -> jax.Array:
+    """NLL of the loss-masked completion tokens of `batch` given the states `predicting` them
+    (`models.logprobs.completion_predictors`), averaged over tokens weighted by their row's example weight.
 
     The weights ride in `batch.advantages`: weighted likelihood is the advantage-weighted regression form.
     """
-    logprobs = sequence_token_logprobs(model, hidden, batch.tokens, batch.completion_start, chunk_size=chunk_size)
-    mask = batch.loss_mask.astype(jnp.float32) * batch.advantages  # the row's weight on each of its tokens
+    completion = slice(batch.completion_start, None)
+    logprobs = token_logprobs(model, predicting, batch.tokens[:, completion], chunk_size=chunk_size)
+    # The row's weight on each of its tokens.
+    mask = batch.loss_mask[:, completion].astype(jnp.float32) * batch.advantages[:, completion]
     return -(logprobs * mask).sum() / jnp.maximum(mask.sum(), 1e-6)
 
 
@@ -115,17 +121,19 @@ class SupervisedTrainer:
             self.probe = {"kernel": kernel / np.sqrt(hidden_size), "bias": jnp.zeros(config.probe_classes)}
         self._optimizer = config.optimizer.make()
         self.opt_state = self._optimizer.init((params, self.probe))
-        self._step = jax.jit(self._step_impl)
+        self._step = jax.jit(self._step_impl, static_argnames=("prompt_block",))
 
-    def _step_impl(self, params, opt_state, batch: Trajectories, probe_positions, probe_labels):
+    def _step_impl(self, params, opt_state, batch: Trajectories, probe_indices, probe_labels, *, prompt_block: int):
         def loss_fn(params):
             model_params, probe = params
             model = nnx.merge(self._graphdef, model_params, self._rest)
-            hidden = model(batch.tokens, batch.positions, batch.attention_mask)
-            nll = negative_log_likelihood(model, hidden, batch, self.config.logprob_chunk_size)
+            predicting = completion_predictors(
+                model, batch.tokens, batch.positions, batch.attention_mask, batch.completion_start, prompt_block
+            )
+            nll = negative_log_likelihood(model, predicting, batch, self.config.logprob_chunk_size)
             if probe is None:
                 return nll, {"nll": nll}
-            probe_loss, probe_accuracy = probe_cross_entropy(probe, hidden, probe_positions, probe_labels)
+            probe_loss, probe_accuracy = probe_cross_entropy(probe, predicting, probe_indices, probe_labels)
             parts = {"nll": nll, "probe_loss": probe_loss, "probe_accuracy": probe_accuracy}
             return nll + self.config.probe_weight * probe_loss, parts
 
@@ -133,17 +141,19 @@ class SupervisedTrainer:
         updates, opt_state = self._optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, parts, optax.global_norm(grads)
 
-    def step(self, batch: Trajectories, probe_positions=None, probe_labels=None) -> dict[str, float]:
-        """One gradient step; with a probe, `probe_positions` (absolute columns of `batch`) and `probe_labels`
-        (-1 for a row without one)."""
-        if self.probe is not None and (probe_positions is None or probe_labels is None):
-            raise ValueError("this trainer has a decision probe: step() needs probe_positions and probe_labels")
+    def step(self, batch: Trajectories, probe_indices=None, probe_labels=None) -> dict[str, float]:
+        """One gradient step; with a probe, `probe_indices` (the completion token of each row whose predicting
+        state the probe reads) and `probe_labels` (-1 for a row without one). Rows that share a prompt in aligned
+        blocks (`Trajectories.prompt_block_size`) have it encoded once."""
+        if self.probe is not None and (probe_indices is None or probe_labels is None):
+            raise ValueError("this trainer has a decision probe: step() needs probe_indices and probe_labels")
         (params, self.probe), self.opt_state, parts, grad_norm = self._step(
             (nnx.state(self.model, nnx.Param), self.probe),
             self.opt_state,
             jax.tree.map(jnp.asarray, batch),
-            None if self.probe is None else jnp.asarray(probe_positions, jnp.int32),
+            None if self.probe is None else jnp.asarray(probe_indices, jnp.int32),
             None if self.probe is None else jnp.asarray(probe_labels, jnp.int32),
+            prompt_block=batch.prompt_block_size(batch.batch_size) if self.config.share_prompts else 1,
         )
         nnx.update(self.model, params)
         return {**{name: float(value) for name, value in parts.items()}, "grad_norm": float(grad_norm)}
@@ -179,12 +189,20 @@ class SupervisedTrainer:
                 raise ValueError("this trainer has a decision probe, but no example has a probe label")
             if not labels <= set(range(self.config.probe_classes)):
                 raise ValueError(f"probe labels {sorted(labels)} outside [0, {self.config.probe_classes})")
+        # A run of consecutive examples with one prompt (the routes of a question) is shuffled as a unit, so it
+        # lands in one batch and its prompt is encoded once.
+        units = [[0]]
+        for index in range(1, len(examples)):
+            if examples[index].prompt_ids == examples[index - 1].prompt_ids:
+                units[-1].append(index)
+            else:
+                units.append([index])
         rng = np.random.default_rng(self.config.seed)
         order: list[int] = []
         history = []
         for _ in range(steps):
-            if len(order) < self.config.batch_size:
-                order.extend(rng.permutation(len(examples)).tolist())
+            while len(order) < self.config.batch_size:
+                order.extend(i for unit in rng.permutation(len(units)) for i in units[unit])
             chosen, order = order[: self.config.batch_size], order[self.config.batch_size:]
             history.append(self._fit_step([examples[i] for i in chosen], pad_id))
             if on_step is not None:
@@ -195,5 +213,8 @@ class SupervisedTrainer:
         batch = self.batch(examples, pad_id)
         if self.probe is None:
             return self.step(batch)
-        positions = [batch.completion_start + (e.probe_index or 0) - 1 for e in examples]
-        return self.step(batch, positions, [-1 if e.probe_label is None else e.probe_label for e in examples])
+        return self.step(
+            batch,
+            [e.probe_index or 0 for e in examples],
+            [-1 if e.probe_label is None else e.probe_label for e in examples],
+        )

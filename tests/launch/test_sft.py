@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from absl.testing import flagsaver
+from flax import nnx
 
 from env.executor import ExecutorConfig
 from env.gym_env import ConductorEnv, EnvConfig
@@ -20,12 +21,18 @@ from env.workflow import parse_workflow
 from env.tasks.synthetic import DOMAINS
 from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, build_world
 from launch import common, sft
-from models import zoo
+from models import ModelConfig, Transformer, zoo
+from models.testing import tiny_config
 from models.tokenizer import load_tokenizer
 from rl.loop import question_order
+from rl.sft import SFTConfig, SupervisedTrainer
 
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
+
+
+def _tiny_model():
+    return Transformer(ModelConfig.from_hf(tiny_config("llama")), rngs=nnx.Rngs(0))
 
 
 @pytest.fixture(scope="module")
@@ -96,31 +103,33 @@ def test_world_examples_weight_every_route_of_a_question_by_its_expected_grade()
     world = _replay_world(expected_grades=True)
     with flagsaver.flagsaver(sft_templates=["single"]):
         examples = sft.world_examples(world, 3 * len(ROUTERDC_MODELS), random.Random(0), probe=True)
-    routes = {_route(world, e): e for e in examples}
-    assert len(routes) == len(examples)  # each (question, worker) once
-    for question in _drawn_questions(world, 3, seed=0):
-        scores = world.tasks[question].metadata["scores"]
-        for worker, model in enumerate(ROUTERDC_MODELS):
-            example = routes.get((question, worker))
-            if scores[model] == 0:
-                assert example is None  # a route that is never right teaches nothing
-            else:
-                assert example.weight == pytest.approx(scores[model], abs=1e-7)
-                assert example.probe_label == sft.domain_labels(world)[world.tasks[question].domain]
+    drawn = _drawn_questions(world, 3, seed=0)
+    # Each question's routes are consecutive, worker 0 to 6, weight 0 included (the trainer batches them whole).
+    assert [_route(world, e) for e in examples] == [(q, w) for q in drawn for w in range(len(ROUTERDC_MODELS))]
+    for example in examples:
+        question, worker = _route(world, example)
+        assert example.weight == pytest.approx(world.tasks[question].metadata["scores"][ROUTERDC_MODELS[worker]],
+                                               abs=1e-7)  # fmt: skip
+        assert example.probe_label == sft.domain_labels(world)[world.tasks[question].domain]
+    assert 0.0 in {e.weight for e in examples}  # a route that is never right stays, with weight 0
+    batch = SupervisedTrainer(_tiny_model(), SFTConfig()).batch(examples[: 2 * len(ROUTERDC_MODELS)], pad_id=0)
+    assert batch.prompt_block_size(batch.batch_size) == len(ROUTERDC_MODELS)
 
 
-def test_world_examples_with_drawn_grades_keep_the_right_answers_only():
+def test_world_examples_with_drawn_grades_weight_the_right_answers_only():
     world = _replay_world(expected_grades=False)
     with flagsaver.flagsaver(sft_templates=["single"]):
         examples = sft.world_examples(world, 20 * len(ROUTERDC_MODELS), random.Random(1))
-    assert {e.weight for e in examples} == {1.0}
-    # 140 drawn routes: the kept share is the mean recorded score of the routes tried (standard error <= 0.043)
+    assert {e.weight for e in examples} == {0.0, 1.0}
+    # 140 drawn routes: the right share is the mean recorded score of the routes tried (standard error <= 0.043)
     tried = [
         world.tasks[question].metadata["scores"][model]
         for question in _drawn_questions(world, 20, seed=1)
         for model in ROUTERDC_MODELS
     ]
-    assert len(examples) / (20 * len(ROUTERDC_MODELS)) == pytest.approx(sum(tried) / len(tried), abs=0.15)
+    assert len(examples) == len(tried)
+    right = sum(e.weight for e in examples)
+    assert right / len(examples) == pytest.approx(sum(tried) / len(tried), abs=0.15)
 
 
 def test_stratified_world_examples_draw_the_task_domains_equally():

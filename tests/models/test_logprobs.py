@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from models import ModelConfig, Transformer, testing
-from models.logprobs import sequence_token_logprobs, token_logprobs
+from models.logprobs import token_logprobs
 from tests.models.conftest import padded_batch
 
 BATCH, LENGTH, VOCAB = 3, 10, 256
@@ -145,18 +145,3 @@ def test_rejects_bad_arguments():
         token_logprobs(model, hidden, targets, chunk_size=0)
     with pytest.raises(ValueError, match="hidden must be"):
         token_logprobs(model, hidden[0], targets)
-
-
-@pytest.mark.parametrize("first_column", [0, 1, 4, 9])
-def test_sequence_logprobs_score_each_token_from_its_predecessor_and_zero_the_earlier_columns(first_column):
-    model = make_model()
-    hidden, _ = make_inputs(model)
-    tokens, _, _ = (jnp.asarray(x) for x in padded_batch((10, 6, 2), LENGTH, VOCAB))
-    logp, entropy = sequence_token_logprobs(model, hidden, tokens, first_column, temperature=0.7, chunk_size=3,
-                                            return_entropy=True)  # fmt: skip
-    expected_logp, expected_entropy = reference_logprobs(model, hidden[:, :-1], tokens[:, 1:], 0.7)
-    start = max(first_column, 1)
-    assert logp.shape == entropy.shape == (BATCH, LENGTH)
-    np.testing.assert_allclose(np.asarray(logp[:, start:]), expected_logp[:, start - 1 :], atol=2e-5)
-    np.testing.assert_allclose(np.asarray(entropy[:, start:]), expected_entropy[:, start - 1 :], atol=2e-5)
-    assert not np.asarray(logp[:, :start]).any() and not np.asarray(entropy[:, :start]).any()

@@ -34,7 +34,8 @@ def test_nll_is_the_weighted_mean_over_completion_tokens_of_the_full_vocabulary_
     trainer = SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, logprob_chunk_size=4))
     batch = trainer.batch(examples, pad_id=0)
     hidden = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask))
-    nll = negative_log_likelihood(model, hidden, batch, chunk_size=4)
+    predicting = hidden[:, batch.completion_start - 1 : -1]
+    nll = negative_log_likelihood(model, predicting, jax.tree.map(jnp.asarray, batch), chunk_size=4)
 
     logprobs = _log_softmax(np.asarray(model.logits(hidden), np.float64))
     expected, token_weights = [], []
@@ -126,6 +127,48 @@ def test_the_probe_gradient_reaches_the_model_only_when_the_probe_is_on():
     assert any(not np.allclose(a, b) for a, b in zip(plain_params, probed_params))
 
 
+def _routes(prompts: int, routes: int, seed: int) -> list[Example]:
+    """`routes` weighted completions of each of `prompts` prompts, a prompt's examples consecutive."""
+    rng = np.random.default_rng(seed)
+    return [
+        Example(prompt, (int(token), 30 + route, 2), weight=float(rng.uniform(0, 1)))
+        for prompt in (tuple(rng.integers(3, 256, size=int(rng.integers(3, 8)))) for _ in range(prompts))
+        for token in rng.integers(3, 256, size=1)
+        for route in range(routes)
+    ]
+
+
+def test_a_prompts_examples_are_shuffled_as_one_unit_and_batched_whole():
+    examples = _routes(prompts=6, routes=4, seed=0)
+    trainer = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, batch_size=8))
+    batches = []
+    trainer._fit_step = lambda chosen, pad_id: batches.append(chosen) or {"nll": 0.0}
+    trainer.fit(examples, steps=6, pad_id=0)
+    for chosen in batches:
+        assert [e.prompt_ids for e in chosen[0::4]] == [e.prompt_ids for e in chosen[3::4]]
+        assert chosen[0].prompt_ids != chosen[4].prompt_ids
+        assert trainer.batch(chosen, pad_id=0).prompt_block_size(8) == 4
+    # Two passes over the 6 prompts, each prompt once per pass, in a shuffled order.
+    first_pass = [chosen[i].prompt_ids for chosen in batches[:3] for i in (0, 4)]
+    assert sorted(first_pass) == sorted(e.prompt_ids for e in examples[::4])
+    assert first_pass != [e.prompt_ids for e in examples[::4]]
+
+
+def test_steps_with_a_shared_prompt_encoding_equal_steps_on_full_rows():
+    examples = _routes(prompts=4, routes=4, seed=1)
+    shared, full = (
+        SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, batch_size=8, share_prompts=share))
+        for share in (True, False)
+    )
+    shared_history = shared.fit(examples, steps=4, pad_id=0)
+    full_history = full.fit(examples, steps=4, pad_id=0)
+    np.testing.assert_allclose([h["nll"] for h in shared_history], [h["nll"] for h in full_history], rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5),
+        nnx.state(shared.model, nnx.Param), nnx.state(full.model, nnx.Param),
+    )
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -152,7 +195,7 @@ def test_bad_examples_and_probe_inputs_are_rejected():
         trainer.fit([Example((1,), (2, 3))], steps=1, pad_id=0)
     with pytest.raises(ValueError, match="outside"):
         trainer.fit([Example((1,), (2, 3), probe_index=0, probe_label=2)], steps=1, pad_id=0)
-    with pytest.raises(ValueError, match="needs probe_positions"):
+    with pytest.raises(ValueError, match="needs probe_indices"):
         trainer.step(trainer.batch([Example((1,), (2, 3))], pad_id=0))
     with pytest.raises(ValueError, match="no supervised examples"):
         trainer.fit([], steps=1, pad_id=0)
