@@ -83,6 +83,11 @@ _STRATIFY = flags.DEFINE_boolean(
     "Questions take the task domains in turn: each training iteration holds one of each per run of as many "
     "questions as there are domains, and the world warm-start teacher draws the domains equally.",
 )
+_SHARE_PROMPTS = flags.DEFINE_boolean(
+    "share_prompts", True,
+    "Encode a prompt once per block of consecutive rows that carry it: a GRPO group in the learner, a question's "
+    "routes in the world warm-start (the same update, less work).",
+)
 _MAX_STEPS = flags.DEFINE_integer("max_steps", 5, "Most steps a workflow may have.")
 _ACCESS_MODE = flags.DEFINE_enum("access_mode", "binary", ["binary", "fine"], "Access-list format.")
 _RECURSION_ROUNDS = flags.DEFINE_integer("recursion_rounds", 0, "Extra Conductor rounds on the first round's result.")
@@ -122,6 +127,10 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Conductor sampling temper
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Conductor nucleus sampling.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Conductor top-k sampling (0: off).")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 1024, "Most tokens the Conductor writes per completion.")
+
+def share_prompts() -> bool:
+    return _SHARE_PROMPTS.value
+
 
 def stratify_questions() -> bool:
     return _STRATIFY.value

@@ -186,6 +186,23 @@ def format_validity(generator: Any, world: common.EnvWorld, questions: Sequence[
     return valid / len(texts)
 
 
+def sft_config(world: common.EnvWorld, steps: int, seed: int) -> SFTConfig:
+    """The supervised trainer's config from the flags, for `steps` steps."""
+    optimizer = OptimizerConfig(
+        learning_rate=_LR.value, schedule=_LR_SCHEDULE.value, warmup_steps=min(_WARMUP.value, steps),
+        total_steps=max(steps, 1),
+    )
+    probe = _DOMAIN_PROBE_WEIGHT.value > 0
+    return SFTConfig(
+        optimizer=optimizer,
+        batch_size=_BATCH.value,
+        seed=seed,
+        probe_classes=len(domain_labels(world)) if probe else 0,
+        probe_weight=_DOMAIN_PROBE_WEIGHT.value,
+        share_prompts=common.share_prompts(),
+    )
+
+
 def warm_start(model: Any, world: common.EnvWorld, steps: int, seed: int) -> list[dict[str, float]]:
     """Fits the Conductor in place to the configured teacher for `steps` steps; returns per-step metrics."""
     rng = random.Random(seed)
@@ -204,18 +221,7 @@ def warm_start(model: Any, world: common.EnvWorld, steps: int, seed: int) -> lis
         if not _ROLLOUTS.value:
             raise ValueError("--sft_teacher=rollouts needs --sft_rollouts")
         examples = rollout_examples(world, _ROLLOUTS.value, _MIN_REWARD.value, probe)
-    optimizer = OptimizerConfig(
-        learning_rate=_LR.value, schedule=_LR_SCHEDULE.value, warmup_steps=min(_WARMUP.value, steps),
-        total_steps=max(steps, 1),
-    )
-    config = SFTConfig(
-        optimizer=optimizer,
-        batch_size=_BATCH.value,
-        seed=seed,
-        probe_classes=len(domain_labels(world)) if probe else 0,
-        probe_weight=_DOMAIN_PROBE_WEIGHT.value,
-    )
-    trainer = SupervisedTrainer(model, config)
+    trainer = SupervisedTrainer(model, sft_config(world, steps, seed))
 
     def report(index: int, metrics: dict[str, float]) -> None:
         if (index + 1) % 10 == 0 or index + 1 == steps:

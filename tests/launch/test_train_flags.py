@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 from absl.testing import flagsaver
 
-from launch import common, train
+from env.gym_env import ConductorEnv
+from env.worlds import SyntheticWorldConfig, build_world
+from launch import common, sft, train
+from models import zoo
+from models.tokenizer import load_tokenizer
 
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
@@ -34,3 +38,12 @@ def test_expected_grades_flag_reaches_the_env():
     assert not common.build_env().config.expected_grades
     with flagsaver.flagsaver(expected_grades=True):
         assert common.build_env().config.expected_grades
+
+
+def test_share_prompts_reaches_the_learner_and_the_warm_start():
+    world = common.EnvWorld(ConductorEnv(build_world(SyntheticWorldConfig(num_tasks=4))),
+                            load_tokenizer(zoo.smollm2_135m_instruct()))  # fmt: skip
+    assert train.learner_config(32, 64).share_prompts and sft.sft_config(world, 10, 0).share_prompts
+    with flagsaver.flagsaver(share_prompts=False):
+        assert not train.learner_config(32, 64).share_prompts
+        assert not sft.sft_config(world, 10, 0).share_prompts
