@@ -128,6 +128,7 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Conductor nucleus sampling.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Conductor top-k sampling (0: off).")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 1024, "Most tokens the Conductor writes per completion.")
 
+
 def share_prompts() -> bool:
     return _SHARE_PROMPTS.value
 
