@@ -58,6 +58,11 @@ _ITERATIONS = flags.DEFINE_integer("iterations", 20, "Training iterations.")
 _PPO_EPOCHS = flags.DEFINE_integer("num_iterations", 1, "Passes over each batch (mu in GRPO).")
 _MINI_BATCH = flags.DEFINE_integer("mini_batch_size", None, "Sequences per optimizer step (default: whole batch).")
 _MICRO_BATCH = flags.DEFINE_integer("micro_batch_size", None, "Sequences per forward/backward pass.")
+_OLD_LOGPROBS = flags.DEFINE_enum(
+    "old_logprobs", "recompute", ["recompute", "sampler"],
+    "Old log-probs of the optimizer steps after an update's first: the learner's from an extra forward pass, or the "
+    "sampler's (no extra pass; the sampler becomes the behaviour policy; needs --mismatch_correction=none).",
+)
 _LR = flags.DEFINE_float("lr", 1e-6, "Peak learning rate (AdamW).")
 _SCHEDULE = flags.DEFINE_enum("lr_schedule", "cosine", ["cosine", "constant"], "Learning-rate schedule after warmup.")
 _WARMUP_RATIO = flags.DEFINE_float("warmup_ratio", 0.03, "Fraction of optimizer steps spent warming up.")
@@ -119,6 +124,7 @@ def learner_config(num_completions: int, max_completion_tokens: int) -> LearnerC
         micro_batch_size=_MICRO_BATCH.value,
         temperature=common.sampling_params().temperature,
         share_prompts=common.share_prompts(),
+        old_logprobs=_OLD_LOGPROBS.value,
     )
 
 

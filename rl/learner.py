@@ -6,9 +6,13 @@ sequences with `lax.scan`; because every loss is a sum of per-token terms with w
 mini-batch (`rl.losses.aggregation_weights`), the accumulated gradient equals the full mini-batch gradient whatever
 the split.
 
-Old log-probs (the denominator of the policy ratio) are the learner's own at the weights that sampled the batch:
-with one pass and one mini-batch they are the stop-gradient of the current log-probs (no extra forward pass);
-otherwise `update` computes them once before the first optimizer step.
+Old log-probs (the denominator of the policy ratio) are the learner's own at the weights that sampled the batch.
+The first optimizer step of an update runs at those weights, so its mini-batch takes the stop-gradient of its
+current log-probs (no extra forward pass). Every other mini-batch needs them from a pass of its own before the first
+step (`old_logprobs="recompute"`), or takes the sampler's instead (`old_logprobs="sampler"`, the "skip the
+recompute" option of slime, Tunix and verl's bypass mode): that saves a forward pass over all but one mini-batch and
+makes the sampler the behaviour policy of those steps. The learner/sampler mismatch is still measured, on the
+first step's tokens.
 
 With `share_prompts`, consecutive rows that carry the same prompt (a GRPO group's completions) run their prompt
 through the model once: its keys and values are repeated for each completion, which attends to them as to its own
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal
+from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +36,8 @@ from models.logprobs import completion_predictors, token_logprobs
 from models.sharding import batch_sharding, shard_model
 from rl.losses import LossConfig, aggregation_weights, grpo_loss
 from rl.trajectories import Trajectories
+
+OldLogprobs = Literal["recompute", "sampler"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +109,9 @@ class LearnerConfig:
     temperature: the sampling temperature; log-probs are log_softmax(logits / temperature) as the sampler's are.
     share_prompts: encode a prompt once per block of consecutive rows that share it (see the module docstring);
         rows that share nothing fall back to one pass per row, so this is safe on any batch.
+    old_logprobs: where the old log-probs of steps after an update's first come from (see the module docstring):
+        "recompute" (the learner's, from an extra forward pass) or "sampler" (the generator's, no extra pass). A
+        mismatch correction needs "recompute": with the sampler as the behaviour policy it has nothing to correct.
     """
 
     loss: LossConfig = LossConfig()
@@ -113,8 +122,18 @@ class LearnerConfig:
     logprob_chunk_size: int = 256
     temperature: float = 1.0
     share_prompts: bool = True
+    old_logprobs: OldLogprobs = "recompute"
 
     def __post_init__(self) -> None:
+        if self.old_logprobs not in get_args(OldLogprobs):
+            raise ValueError(
+                f"LearnerConfig.old_logprobs must be one of {get_args(OldLogprobs)}, got {self.old_logprobs!r}"
+            )
+        if self.old_logprobs == "sampler" and self.loss.mismatch_correction != "none":
+            raise ValueError(
+                "old_logprobs='sampler' makes the sampler the behaviour policy, so mismatch_correction "
+                f"{self.loss.mismatch_correction!r} would correct nothing; use old_logprobs='recompute'"
+            )
         if self.num_iterations < 1:
             raise ValueError(f"LearnerConfig.num_iterations must be >= 1, got {self.num_iterations}")
         for name in ("mini_batch_size", "micro_batch_size"):
@@ -295,11 +314,12 @@ class Learner:
         mini_batches = [batch.rows(slice(start, start + mini)).trimmed() for start in range(0, rows, mini)]
         prompt_blocks = [self._prompt_block(m) for m in mini_batches]
         mini_batches = [self._place(m) for m in mini_batches]
-        on_policy = self.config.num_iterations == 1 and mini == rows
-        if not on_policy:
+        # The update's first step runs at the sampling weights and takes its own log-probs as the old ones.
+        if self.config.old_logprobs == "recompute":
             mini_batches = [
-                m.replace(old_logprobs=self._logprobs(self.params, m, block))
-                for m, block in zip(mini_batches, prompt_blocks)
+                m if index == 0 and self.config.num_iterations == 1
+                else m.replace(old_logprobs=self._logprobs(self.params, m, block))
+                for index, (m, block) in enumerate(zip(mini_batches, prompt_blocks))
             ]
         ref_logprobs = [
             None if self.reference_params is None else self._logprobs(self.reference_params, m, block)
@@ -307,13 +327,13 @@ class Learner:
         ]
         params, opt_state = self.params, self.opt_state
         step_metrics, learning_rates = [], []
-        for _ in range(self.config.num_iterations):
-            for mini_batch, mini_ref, prompt_block in zip(mini_batches, ref_logprobs, prompt_blocks):
+        for epoch in range(self.config.num_iterations):
+            for index, (mini_batch, mini_ref, block) in enumerate(zip(mini_batches, ref_logprobs, prompt_blocks)):
                 learning_rates.append(float(self._learning_rate(self.optimizer_step)))
                 # params and opt_state are donated: XLA updates their buffers in place.
                 params, opt_state, metrics = _train_step(
                     self._graphdef, params, self._other_state, opt_state, mini_batch, mini_ref,
-                    config=self.config, on_policy=on_policy, prompt_block=prompt_block,
+                    config=self.config, on_policy=epoch == 0 and index == 0, prompt_block=block,
                 )
                 nnx.update(self.model, params)
                 self.opt_state = opt_state
@@ -322,4 +342,7 @@ class Learner:
         self.step += 1
         step_metrics = jax.device_get(step_metrics)
         averaged = {name: float(np.mean([m[name] for m in step_metrics])) for name in step_metrics[0]}
+        if self.config.old_logprobs == "sampler":
+            # Later steps compare the sampler with itself; only the first step measures the learner against it.
+            averaged |= {name: float(value) for name, value in step_metrics[0].items() if name.startswith("mismatch/")}
         return averaged | {"lr": float(np.mean(learning_rates)), "optimizer_steps": float(len(step_metrics))}

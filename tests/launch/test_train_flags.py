@@ -29,6 +29,15 @@ def test_optimizer_flags_reach_the_learner_config():
     assert (config.mini_batch_size, config.num_iterations, config.loss.norm_length) == (8, 2, 64)
 
 
+def test_old_logprobs_flag_reaches_the_learner_config():
+    assert train.learner_config(32, 64).old_logprobs == "recompute"
+    with flagsaver.flagsaver(old_logprobs="sampler"):
+        assert train.learner_config(32, 64).old_logprobs == "sampler"
+    with flagsaver.flagsaver(old_logprobs="sampler", mismatch_correction="tis-token"):
+        with pytest.raises(ValueError, match="would correct nothing"):
+            train.learner_config(32, 64)
+
+
 def test_a_non_positive_adam_eps_is_rejected():
     with flagsaver.flagsaver(adam_eps=0.0), pytest.raises(ValueError, match="eps"):
         train.learner_config(num_completions=32, max_completion_tokens=64)

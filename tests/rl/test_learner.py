@@ -1,5 +1,6 @@
 """The Learner on tiny random models: log-probs, exact micro-batching, sharding, resume, and a toy bandit."""
 
+import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -158,6 +159,62 @@ def test_prompts_shared_by_a_group_are_encoded_once_with_the_same_update(mini_ba
         np.testing.assert_allclose(shared_metrics[1][key], row_metrics[1][key], rtol=1e-5, atol=1e-7)
 
 
+def _counting_logprob_passes(monkeypatch) -> list[int]:
+    """Counts the learner's separate log-prob passes (old log-probs, reference log-probs)."""
+    import rl.learner
+
+    passes, original = [], rl.learner._batch_logprobs
+
+    def counted(*args, **kwargs):
+        passes.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(rl.learner, "_batch_logprobs", counted)
+    return passes
+
+
+@pytest.mark.parametrize("num_iterations, expected_passes", [(1, 3), (2, 4)])
+def test_only_steps_after_the_first_recompute_old_logprobs(monkeypatch, num_iterations, expected_passes):
+    passes = _counting_logprob_passes(monkeypatch)
+    config = LearnerConfig(
+        optimizer=OptimizerConfig(learning_rate=1e-3), num_iterations=num_iterations, mini_batch_size=2
+    )
+    metrics = Learner(_model(), config).update(_random_batch(4))
+    # Four mini-batches: the first step's own forward pass is at the sampling weights; with a second pass over the
+    # batch the first mini-batch needs its old log-probs again, after the weights moved.
+    assert len(passes) == expected_passes and metrics["optimizer_steps"] == 4 * num_iterations
+
+
+def test_sampler_old_logprobs_skip_the_recompute_and_make_the_sampler_the_behaviour_policy(monkeypatch):
+    config = LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-3), mini_batch_size=2, temperature=0.7)
+    batch = _random_batch(5)
+    learner_logprobs = np.asarray(Learner(_model(), config).logprobs(batch))
+    in_agreement = batch.replace(sampler_logprobs=learner_logprobs, old_logprobs=learner_logprobs)
+
+    recomputed = Learner(_model(), config)
+    recomputed.update(in_agreement)
+    passes = _counting_logprob_passes(monkeypatch)
+    from_sampler = Learner(_model(), dataclasses.replace(config, old_logprobs="sampler"))
+    from_sampler.update(in_agreement)
+    assert passes == []
+    # A sampler that agrees with the learner gives the recomputing learner's update.
+    for a, b in zip(_params_of(recomputed), _params_of(from_sampler)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+    # One that does not is the behaviour policy of every step after the first, which alone measures the mismatch.
+    shifted = learner_logprobs + np.where(batch.loss_mask, 0.3, 0.0).astype(np.float32)
+    disagreeing = batch.replace(sampler_logprobs=shifted, old_logprobs=shifted)
+    recomputed = Learner(_model(), config)
+    from_sampler = Learner(_model(), dataclasses.replace(config, old_logprobs="sampler"))
+    recomputed_metrics, sampler_metrics = recomputed.update(disagreeing), from_sampler.update(disagreeing)
+    np.testing.assert_allclose(sampler_metrics["mismatch/abs_logprob_diff"], 0.3, rtol=1e-4)
+    np.testing.assert_allclose(recomputed_metrics["mismatch/abs_logprob_diff"], 0.3, rtol=1e-4)
+    assert recomputed_metrics["ratio"] == pytest.approx(1.0, abs=0.05)
+    assert sampler_metrics["ratio"] == pytest.approx((1 + 3 * np.exp(-0.3)) / 4, abs=0.05)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(_params_of(recomputed), _params_of(from_sampler)))
+    assert moved > 1e-4
+
+
 @pytest.mark.parametrize("make_batch", [_random_batch, _grouped_batch])  # one pass per row; one per prompt
 def test_sharded_update_matches_single_device(make_batch):
     batch = make_batch(2)
@@ -279,6 +336,11 @@ def test_toy_bandit_learns_the_rewarded_token(estimator):
         (lambda: LearnerConfig(mini_batch_size=6, micro_batch_size=4), "multiple"),
         (lambda: LearnerConfig(micro_batch_size=0), "micro_batch_size"),
         (lambda: LearnerConfig(temperature=0.0), "temperature"),
+        (lambda: LearnerConfig(old_logprobs="reference"), "old_logprobs"),
+        (
+            lambda: LearnerConfig(old_logprobs="sampler", loss=LossConfig(mismatch_correction="tis-token")),
+            "would correct nothing",
+        ),
         (lambda: OptimizerConfig(learning_rate=0.0), "learning_rate"),
         (lambda: OptimizerConfig(schedule="linear"), "schedule"),
         (lambda: OptimizerConfig(warmup_steps=20, total_steps=10), "warmup_steps"),
