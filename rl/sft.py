@@ -3,8 +3,9 @@
 Used before RL when the Conductor cannot yet write the action format (format warm-start on template workflows) and
 for rejection-sampling fine-tuning on logged high-reward rollouts. The loss is the mean negative log-likelihood of
 the completion tokens (`loss_mask`) at temperature 1; prompts only condition. An example may carry a weight (its
-grade, say): the loss is then the weighted token mean, so a weight-w example counts as w copies of it
-(reward-weighted regression, whose optimum imitates each completion in proportion to its expected grade).
+grade, say): each token's NLL is then multiplied by its example's weight before the mean over tokens, so a weight-w
+example counts as w copies of it, in any batch (reward-weighted regression, whose optimum imitates each completion
+in proportion to its expected grade).
 
 Optional decision probe: a linear classifier, trained jointly and then discarded, that predicts a label of the
 question (its domain) from the hidden state at one completion position per example (where the first worker id is
@@ -83,15 +84,18 @@ def negative_log_likelihood(
     model: nnx.Module, predicting: jax.Array, batch: Trajectories, chunk_size: int
 ) -> jax.Array:
     """NLL of the loss-masked completion tokens of `batch` given the states `predicting` them
-    (`models.logprobs.completion_predictors`), averaged over tokens weighted by their row's example weight.
+    (`models.logprobs.completion_predictors`), each token weighted by its row's example weight, over the batch's
+    loss-token count.
 
-    The weights ride in `batch.advantages`: weighted likelihood is the advantage-weighted regression form.
+    The weights ride in `batch.advantages`: weighted likelihood is the advantage-weighted regression form. Dividing
+    by the tokens, not by the weights' sum, keeps a weight's meaning from one batch to the next: a batch of
+    low-grade examples pulls less, as their copies would, instead of being scaled up to a full batch's pull.
     """
     completion = slice(batch.completion_start, None)
     logprobs = token_logprobs(model, predicting, batch.tokens[:, completion], chunk_size=chunk_size)
-    # The row's weight on each of its tokens.
-    mask = batch.loss_mask[:, completion].astype(jnp.float32) * batch.advantages[:, completion]
-    return -(logprobs * mask).sum() / jnp.maximum(mask.sum(), 1e-6)
+    mask = batch.loss_mask[:, completion].astype(jnp.float32)
+    weights = mask * batch.advantages[:, completion]  # the row's weight on each of its tokens
+    return -(logprobs * weights).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
 def probe_cross_entropy(

@@ -24,7 +24,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (0.5, 2.0, 0.0)])
-def test_nll_is_the_weighted_mean_over_completion_tokens_of_the_full_vocabulary_log_softmax(weights):
+def test_nll_is_the_weighted_sum_over_completion_tokens_of_the_full_vocabulary_log_softmax_per_token(weights):
     rng = np.random.default_rng(0)
     examples = [
         Example(tuple(rng.integers(3, 256, size=p)), tuple(rng.integers(3, 256, size=c)), weight=w)
@@ -44,7 +44,7 @@ def test_nll_is_the_weighted_mean_over_completion_tokens_of_the_full_vocabulary_
             column = batch.completion_start + offset
             expected.append(-logprobs[row, column - 1, token])
             token_weights.append(example.weight)
-    np.testing.assert_allclose(float(nll), np.average(expected, weights=token_weights), rtol=1e-5)
+    np.testing.assert_allclose(float(nll), np.dot(expected, token_weights) / len(expected), rtol=1e-5)
 
 
 def test_weighted_fit_imitates_each_completion_in_proportion_to_its_weight():
@@ -58,6 +58,18 @@ def test_weighted_fit_imitates_each_completion_in_proportion_to_its_weight():
     probabilities = jax.nn.softmax(model.logits(hidden)[0, -1].astype(jnp.float32))
     assert float(probabilities[first] / (probabilities[first] + probabilities[second])) == pytest.approx(0.75, abs=0.02)
     assert float(probabilities[first] + probabilities[second]) > 0.95
+
+
+def test_weights_keep_their_scale_across_batches():
+    # The same 3:1 pair, one example per batch: a batch's weight must not be normalised away (each would count 1:1).
+    first, second, eos = 10, 11, 2
+    examples = [Example((5, 6, 7), (first, eos), weight=0.6), Example((5, 6, 7), (second, eos), weight=0.2)]
+    model = _model()
+    SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, batch_size=1)).fit(examples, steps=300, pad_id=0)
+    tokens = jnp.asarray([[5, 6, 7]])
+    hidden = model(tokens, jnp.arange(3)[None], jnp.ones((1, 3), bool))
+    probabilities = jax.nn.softmax(model.logits(hidden)[0, -1].astype(jnp.float32))
+    assert float(probabilities[first] / (probabilities[first] + probabilities[second])) == pytest.approx(0.75, abs=0.03)
 
 
 def test_probe_cross_entropy_matches_numpy_and_skips_unlabelled_rows():
