@@ -47,29 +47,20 @@ def test_nll_is_the_weighted_sum_over_completion_tokens_of_the_full_vocabulary_l
     np.testing.assert_allclose(float(nll), np.dot(expected, token_weights) / len(expected), rtol=1e-5)
 
 
-def test_weighted_fit_imitates_each_completion_in_proportion_to_its_weight():
+# One batch holds both answers, or each answer is a batch of its own: a batch's weights must not be normalised away
+# (each answer would then count the same).
+@pytest.mark.parametrize("batch_size, steps", [(2, 150), (1, 300)])
+def test_weighted_fit_imitates_each_completion_in_proportion_to_its_weight(batch_size, steps):
     # Reward-weighted regression's optimum: one prompt, two answers weighted 3:1 -> probabilities 0.75 : 0.25.
     first, second, eos = 10, 11, 2
     examples = [Example((5, 6, 7), (first, eos), weight=0.6), Example((5, 6, 7), (second, eos), weight=0.2)]
     model = _model()
-    SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, batch_size=2)).fit(examples, steps=150, pad_id=0)
+    SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, batch_size=batch_size)).fit(examples, steps, pad_id=0)
     tokens = jnp.asarray([[5, 6, 7]])
     hidden = model(tokens, jnp.arange(3)[None], jnp.ones((1, 3), bool))
     probabilities = jax.nn.softmax(model.logits(hidden)[0, -1].astype(jnp.float32))
     assert float(probabilities[first] / (probabilities[first] + probabilities[second])) == pytest.approx(0.75, abs=0.02)
     assert float(probabilities[first] + probabilities[second]) > 0.95
-
-
-def test_weights_keep_their_scale_across_batches():
-    # The same 3:1 pair, one example per batch: a batch's weight must not be normalised away (each would count 1:1).
-    first, second, eos = 10, 11, 2
-    examples = [Example((5, 6, 7), (first, eos), weight=0.6), Example((5, 6, 7), (second, eos), weight=0.2)]
-    model = _model()
-    SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, batch_size=1)).fit(examples, steps=300, pad_id=0)
-    tokens = jnp.asarray([[5, 6, 7]])
-    hidden = model(tokens, jnp.arange(3)[None], jnp.ones((1, 3), bool))
-    probabilities = jax.nn.softmax(model.logits(hidden)[0, -1].astype(jnp.float32))
-    assert float(probabilities[first] / (probabilities[first] + probabilities[second])) == pytest.approx(0.75, abs=0.03)
 
 
 def test_probe_cross_entropy_matches_numpy_and_skips_unlabelled_rows():
