@@ -112,6 +112,16 @@ def summarize(outcomes: Sequence[Outcome], worker_names: Sequence[str]) -> dict[
 # -- a Conductor ---------------------------------------------------------------------------------------------------
 
 
+def _batch_seeded(params: SamplingParams, repeat: int, first_question: int) -> SamplingParams:
+    """`params` with a seed of this batch and repeat's own, derived from the given one: a seeded sampler (the torch
+    generator, SGLang's per-row seeds) draws the same uniforms from the same seed, so one seed for every call would
+    make the repeats copies of each other and tie each batch's rows to the same rows of every other batch."""
+    if params.seed is None:
+        return params
+    seed = int(np.random.SeedSequence([params.seed, repeat, first_question]).generate_state(1)[0] >> 1)
+    return dataclasses.replace(params, seed=seed)
+
+
 def conductor_outcomes(
     generator: Any, world: EnvWorld, params: SamplingParams, repeats: int, batch_questions: int = 64
 ) -> list[Outcome]:
@@ -129,7 +139,8 @@ def conductor_outcomes(
             if params.temperature == 0 and repeat > 0:
                 completions = [greedy_completions[q] for q in questions]
             else:
-                groups = generator.generate([world.prompt_ids(q) for q in questions], params, 1)
+                prompts = [world.prompt_ids(q) for q in questions]
+                groups = generator.generate(prompts, _batch_seeded(params, repeat, start), 1)
                 completions = [group[0].completion_ids for group in groups]
                 greedy_completions.update(zip(questions, completions))
             sample_ids = [sample_id(q, repeat, world.num_questions) for q in questions]

@@ -296,6 +296,32 @@ def test_a_greedy_conductor_is_generated_once_and_rescored_each_repeat(replay_en
     assert not (correct == correct[0]).all()  # the workers' outcomes are drawn anew each repeat
 
 
+class SeededGenerator(RoutingGenerator):
+    """A stand-in sampler that, like the torch generator, draws each row from the call's seed: row i of a call
+    routes to a worker drawn by `default_rng([seed, i])`."""
+
+    def generate(self, prompt_ids, params, n):
+        routes = [int(np.random.default_rng([params.seed, i]).integers(7)) for i in range(len(prompt_ids))]
+        groups = []
+        for prompt, worker in zip(prompt_ids, routes):
+            ids = tuple(self.tokenizer.encode("\n" + render_workflow(Workflow(steps=(Step(worker, "Solve it."),))),
+                                              add_special_tokens=False))  # fmt: skip
+            groups.append([Completion(tuple(prompt), ids, (0.0,) * len(ids), "stop", 0)])
+        return groups
+
+
+def test_a_sampled_conductor_draws_each_batch_and_repeat_afresh_and_reproducibly(replay_env):
+    world = common.EnvWorld(replay_env, load_tokenizer(zoo.smollm2_135m_instruct()))
+    params = SamplingParams(temperature=1.0, max_new_tokens=32, seed=0)
+    outcomes = conductor_outcomes(SeededGenerator(world.tokenizer), world, params, repeats=2, batch_questions=20)
+    routes = np.array([o.workers[0] for o in outcomes]).reshape(2, -1, 20)  # repeat, batch, row
+    assert routes.shape[1] >= 2
+    # With one seed for every call, the repeats and the batches would all route alike.
+    assert (routes[0] != routes[1]).mean() > 0.5 and (routes[0, 0] != routes[0, 1]).mean() > 0.5
+    again = conductor_outcomes(SeededGenerator(world.tokenizer), world, params, repeats=2, batch_questions=20)
+    assert [o.workers for o in again] == [o.workers for o in outcomes]
+
+
 @pytest.mark.slow
 def test_eval_command_writes_the_table_for_a_tiny_conductor_and_baselines(tmp_path):
     out = tmp_path / "eval"
