@@ -268,12 +268,14 @@ class RoutingGenerator:
         self.tokenizer = tokenizer
         self.prompts_seen = 0
 
+    def routed(self, prompt, worker: int) -> list[Completion]:
+        """The group of one completion that sends `prompt` to `worker`."""
+        text = "\n" + render_workflow(Workflow(steps=(Step(worker, "Solve it."),)))
+        ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        return [Completion(tuple(prompt), ids, (0.0,) * len(ids), "stop", 0)]
+
     def generate(self, prompt_ids, params, n):
-        groups = []
-        for index, prompt in enumerate(prompt_ids):
-            text = "\n" + render_workflow(Workflow(steps=(Step((self.prompts_seen + index) % 7, "Solve it."),)))
-            ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
-            groups.append([Completion(tuple(prompt), ids, (0.0,) * len(ids), "stop", 0)])
+        groups = [self.routed(prompt, (self.prompts_seen + index) % 7) for index, prompt in enumerate(prompt_ids)]
         self.prompts_seen += len(prompt_ids)
         return groups
 
@@ -301,13 +303,10 @@ class SeededGenerator(RoutingGenerator):
     routes to a worker drawn by `default_rng([seed, i])`."""
 
     def generate(self, prompt_ids, params, n):
-        routes = [int(np.random.default_rng([params.seed, i]).integers(7)) for i in range(len(prompt_ids))]
-        groups = []
-        for prompt, worker in zip(prompt_ids, routes):
-            ids = tuple(self.tokenizer.encode("\n" + render_workflow(Workflow(steps=(Step(worker, "Solve it."),))),
-                                              add_special_tokens=False))  # fmt: skip
-            groups.append([Completion(tuple(prompt), ids, (0.0,) * len(ids), "stop", 0)])
-        return groups
+        return [
+            self.routed(prompt, int(np.random.default_rng([params.seed, i]).integers(7)))
+            for i, prompt in enumerate(prompt_ids)
+        ]
 
 
 def test_a_sampled_conductor_draws_each_batch_and_repeat_afresh_and_reproducibly(replay_env):

@@ -1,6 +1,7 @@
 """The Learner on tiny random models: log-probs, exact micro-batching, sharding, resume, and a toy bandit."""
 
 import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +14,7 @@ from models.testing import tiny_config
 from models.transformer import Transformer
 from rl import advantages
 from rl.checkpoint import Checkpointer
+import rl.learner
 from rl.learner import Learner, LearnerConfig, OptimizerConfig
 from rl.losses import LossConfig
 from rl.trajectories import build
@@ -161,8 +163,6 @@ def test_prompts_shared_by_a_group_are_encoded_once_with_the_same_update(mini_ba
 
 def _counting_logprob_passes(monkeypatch) -> list[int]:
     """Counts the learner's separate log-prob passes (old log-probs, reference log-probs)."""
-    import rl.learner
-
     passes, original = [], rl.learner._batch_logprobs
 
     def counted(*args, **kwargs):
