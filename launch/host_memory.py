@@ -5,17 +5,21 @@ blocks that large with `mmap` and returns them with `munmap`, so the next run fa
 the kernel zeroes it page by page. On this project's 2-core machine a quickstart run spent 86 of its 364 CPU-seconds
 in the kernel, and 7 with the settings below (BUILD_NOTES.md, issue 6). The frees come from XLA's worker
 threads. Their per-thread arenas hold at most 64 MB, so three settings are needed together:
-- one arena (`M_ARENA_MAX`), so that every thread allocates from the main heap;
-- no `mmap` below 2 GiB (`M_MMAP_THRESHOLD`), so that those blocks come from that heap;
-- no trimming of the heap's top (`M_TRIM_THRESHOLD`), so that freed blocks stay mapped for the next call.
+- one arena (`arena_max`), so that every thread allocates from the main heap;
+- no `mmap` for blocks below the threshold (`mmap_threshold`), so that they come from that heap;
+- no trimming of the heap's top (`trim_threshold`), so that freed blocks stay mapped for the next call.
 The price is a resident size that stays near its peak. Set `RETAIN_HOST_MEMORY=0` to keep glibc's defaults.
 
-`mallopt` takes an int, so blocks over 2 GiB (an update of a 135M model on 2,048 tokens has a 5.2 GB buffer) are
-still mapped per call. Setting `GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold=68719476736:`
-`glibc.malloc.trim_threshold=68719476736` before the process starts covers those too.
-
-An arena limit set with `mallopt` only binds threads that have not allocated yet. Entry points therefore call
-`retain_freed_memory()` before they import JAX or torch.
+Two ways to apply them, because glibc reads its tunables only when a process starts:
+- `retain_freed_memory(restart=True)`, in an entry point run as `__main__`: the process restarts itself once (same
+  command line, `os.execve`) with `GLIBC_TUNABLES` set, thresholds 64 GiB. Blocks of any size are then reused. An
+  update of a 135M model on 2,048 tokens has a 5.2 GB buffer, and the learner benchmark's one-micro-batch update
+  went from 19.1 s to 11.7 s with it (BUILD_NOTES.md, issue 4). The restarted process removes the variable from
+  its environment, so the programs it starts begin with glibc's defaults (an entry point among them restarts
+  itself in turn). A `GLIBC_TUNABLES` the user set is left alone: no restart, `mallopt` only.
+- `retain_freed_memory()`, anywhere else (a test session, a module imported by an entry point): `mallopt` in the
+  running process. It takes an int, so blocks over 2 GiB are still mapped afresh on every call. An arena limit set
+  with `mallopt` only binds threads that have not allocated yet, so call it before importing JAX or torch.
 """
 
 from __future__ import annotations
@@ -23,11 +27,20 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import sys
 
 # glibc's mallopt parameter numbers (malloc.h).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 _LARGEST_INT = 2**31 - 1
+_TUNABLE_THRESHOLD = 1 << 36  # 64 GiB: larger than any buffer this machine can hold
+TUNABLES = (
+    f"glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold={_TUNABLE_THRESHOLD}"
+    f":glibc.malloc.trim_threshold={_TUNABLE_THRESHOLD}"
+)
 OPT_OUT_VARIABLE = "RETAIN_HOST_MEMORY"
+RESTARTED_VARIABLE = "CONDUCTOR_RL_RESTARTED_WITH_TUNABLES"
+
+_started_with_tunables = False
 
 
 def requested() -> bool:
@@ -35,16 +48,34 @@ def requested() -> bool:
     return os.environ.get(OPT_OUT_VARIABLE, "1") != "0"
 
 
-def retain_freed_memory() -> bool:
-    """Applies the three glibc malloc settings above. Returns whether they took effect: False when
+def retain_freed_memory(*, restart: bool = False) -> bool:
+    """Applies the three glibc malloc settings above: with `restart`, by restarting this process with `GLIBC_TUNABLES`
+    (the call does not return then), else with `mallopt`. Returns whether they took effect: False when
     `RETAIN_HOST_MEMORY=0` or when the C library is not glibc."""
+    global _started_with_tunables
+    if _started_with_tunables:
+        return True  # mallopt now would lower the thresholds to 2 GiB
     if not requested():
         return False
+    libc = _glibc()
+    if libc is None:
+        return False
+    if os.environ.get(RESTARTED_VARIABLE) == TUNABLES and os.environ.get("GLIBC_TUNABLES") == TUNABLES:
+        del os.environ[RESTARTED_VARIABLE], os.environ["GLIBC_TUNABLES"]
+        _started_with_tunables = True
+        return True
+    if restart and "GLIBC_TUNABLES" not in os.environ:
+        environment = {**os.environ, "GLIBC_TUNABLES": TUNABLES, RESTARTED_VARIABLE: TUNABLES}
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
+    settings = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, _LARGEST_INT), (M_TRIM_THRESHOLD, _LARGEST_INT))
+    return all(libc.mallopt(option, value) == 1 for option, value in settings)
+
+
+def _glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     libc = ctypes.CDLL(name) if name else None
     if libc is None or not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
-        return False
+        return None
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.mallopt.restype = ctypes.c_int
-    settings = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, _LARGEST_INT), (M_TRIM_THRESHOLD, _LARGEST_INT))
-    return all(libc.mallopt(option, value) == 1 for option, value in settings)
+    return libc

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from launch.host_memory import retain_freed_memory
 
-retain_freed_memory()  # first, before JAX and torch start their threads (launch/host_memory.py)
+# First, before JAX and torch start their threads; run as a program, restart with glibc tunables
+# (launch/host_memory.py).
+retain_freed_memory(restart=__name__ == "__main__")
 
 import dataclasses
 import json

@@ -1,5 +1,6 @@
 """launch.host_memory: freed blocks stay in the process, so allocating them again costs no page faults."""
 
+import json
 import os
 import platform
 import subprocess
@@ -9,17 +10,18 @@ import pytest
 
 from launch import host_memory
 
-# A fresh process (the arena limit binds only threads that have not allocated yet) frees a 256 MiB block, allocates
-# it again and touches every page; it prints the minor page faults of that second round.
+# A fresh process (the arena limit binds only threads that have not allocated yet, glibc reads its tunables only at
+# start) frees a block, allocates it again and touches every page. It prints what `retain_freed_memory` returned,
+# the tunables variables left in its environment, and the minor page faults of the second round.
 _FAULTS_OF_A_REUSED_BLOCK = """
-import ctypes, resource
-from launch.host_memory import retain_freed_memory
-print(retain_freed_memory())
+import ctypes, json, os, resource, sys
+from launch.host_memory import RESTARTED_VARIABLE, retain_freed_memory
+applied = retain_freed_memory(restart=sys.argv[1] == "restart")
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-size = 256 << 20
+size = int(sys.argv[2])
 def touch_and_free():
     block = libc.malloc(size)
     ctypes.memset(block, 1, size)
@@ -27,34 +29,70 @@ def touch_and_free():
 touch_and_free()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 touch_and_free()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(json.dumps({"applied": applied, "faults": faults, "tunables": os.environ.get("GLIBC_TUNABLES"),
+                  "restarted": os.environ.get(RESTARTED_VARIABLE)}))
 """
 
+SMALL_BLOCK = 256 << 20
+LARGE_BLOCK = (2 << 30) + (256 << 20)  # over the 2 GiB that mallopt can keep
 
-def _reused_block_faults(opt_out: bool) -> tuple[str, int]:
+glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+
+
+def _reused_block(size: int, *, restart: bool = False, opt_out: bool = False, tunables: str | None = None) -> dict:
     env = dict(os.environ)
-    env.pop(host_memory.OPT_OUT_VARIABLE, None)
-    env.pop("GLIBC_TUNABLES", None)
+    for name in (host_memory.OPT_OUT_VARIABLE, host_memory.RESTARTED_VARIABLE, "GLIBC_TUNABLES"):
+        env.pop(name, None)
     if opt_out:
         env[host_memory.OPT_OUT_VARIABLE] = "0"
-    result = subprocess.run([sys.executable, "-c", _FAULTS_OF_A_REUSED_BLOCK], env=env, capture_output=True,
-                            text=True, check=True)  # fmt: skip
-    applied, faults = result.stdout.split()
-    return applied, int(faults)
+    if tunables is not None:
+        env["GLIBC_TUNABLES"] = tunables
+    mode = "restart" if restart else "in-process"
+    result = subprocess.run([sys.executable, "-c", _FAULTS_OF_A_REUSED_BLOCK, mode, str(size)], env=env,
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(result.stdout)
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def _pages(size: int) -> int:
+    return size // os.sysconf("SC_PAGE_SIZE")
+
+
+@glibc_only
 def test_a_freed_block_is_reused_without_page_faults_and_the_opt_out_restores_glibc_defaults():
-    pages = (256 << 20) // os.sysconf("SC_PAGE_SIZE")
-    applied, retained_faults = _reused_block_faults(opt_out=False)
-    assert applied == "True"
-    assert retained_faults < pages // 100
-    applied, default_faults = _reused_block_faults(opt_out=True)
-    assert applied == "False"
+    retained = _reused_block(SMALL_BLOCK)
+    assert retained["applied"] is True
+    assert retained["faults"] < _pages(SMALL_BLOCK) // 100
+    default = _reused_block(SMALL_BLOCK, opt_out=True)
+    assert default["applied"] is False
     # glibc's default maps a block this large afresh, so every page faults again (huge pages would fault fewer).
-    assert default_faults > pages // 600
+    assert default["faults"] > _pages(SMALL_BLOCK) // 600
+
+
+@glibc_only
+def test_an_entry_point_restarts_with_glibc_tunables_so_blocks_over_2_gib_are_reused_too():
+    in_process = _reused_block(LARGE_BLOCK)
+    assert in_process["applied"] is True
+    assert in_process["faults"] > _pages(LARGE_BLOCK) // 600  # mallopt's int threshold cannot cover it
+    restarted = _reused_block(LARGE_BLOCK, restart=True)
+    assert restarted["applied"] is True
+    assert restarted["faults"] < _pages(LARGE_BLOCK) // 100
+    # The restarted process clears both variables, so the programs it starts begin with glibc's defaults.
+    assert restarted["tunables"] is None and restarted["restarted"] is None
+
+
+@glibc_only
+def test_a_users_own_glibc_tunables_are_kept_and_the_opt_out_never_restarts():
+    own = "glibc.malloc.arena_max=2"
+    kept = _reused_block(SMALL_BLOCK, restart=True, tunables=own)
+    assert kept["applied"] is True  # mallopt in the running process
+    assert kept["tunables"] == own and kept["restarted"] is None
+    opted_out = _reused_block(LARGE_BLOCK, restart=True, opt_out=True)
+    assert opted_out["applied"] is False and opted_out["tunables"] is None
+    assert opted_out["faults"] > _pages(LARGE_BLOCK) // 600
 
 
 def test_the_opt_out_variable_leaves_malloc_alone(monkeypatch):
     monkeypatch.setenv(host_memory.OPT_OUT_VARIABLE, "0")
     assert host_memory.retain_freed_memory() is False
+    assert host_memory.retain_freed_memory(restart=True) is False
