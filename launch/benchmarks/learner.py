@@ -6,11 +6,12 @@ global-norm clipping and AdamW, all float32. Goal: Flax >= 1.2x torch tokens/s. 
 reported against the float32 matmul rate measured in the same run.
 
 The goal compares the same work: 8 different prompts. A second Flax engine runs the same update in micro-batches of 2
-(exact: the learner sums per-token losses over the global denominator), which keeps each XLA call's temporary buffer
-under the 2 GiB that `launch.host_memory` keeps mapped between calls; one micro-batch of 8 needs 5.2 GB, which glibc
-maps and the kernel zeroes afresh on every call. A third runs the update on the batch GRPO actually produces, 2
-groups of 4 completions that share their group's prompt, which the learner encodes once per group
-(`LearnerConfig.share_prompts`); its tokens/s counts the full rows, since the update it computes is the same.
+(exact: the learner sums per-token losses over the global denominator), so each XLA call's temporary buffer is under
+2 GiB, against 5.2 GB for one micro-batch of 8. 2 GiB is what `launch.host_memory` keeps mapped between calls when
+the process cannot restart with glibc tunables (when the user set a `GLIBC_TUNABLES` of their own). A third runs the
+update on the batch GRPO actually produces, 2 groups of 4 completions that share their group's prompt, which the
+learner encodes once per group (`LearnerConfig.share_prompts`); its tokens/s counts the full rows, since the update
+it computes is the same.
 """
 
 from __future__ import annotations
