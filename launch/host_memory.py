@@ -14,7 +14,7 @@ Two ways to apply them, because glibc reads its tunables only when a process sta
 - `retain_freed_memory(restart=True)`, in an entry point run as `__main__`: the process restarts itself once (same
   command line, `os.execve`) with `GLIBC_TUNABLES` set, thresholds 64 GiB. Blocks of any size are then reused. An
   update of a 135M model on 2,048 tokens has a 5.2 GB buffer, and the learner benchmark's one-micro-batch update
-  went from 19.1 s to 11.7 s with it (BUILD_NOTES.md, issue 4). The restarted process removes the variable from
+  went from 19.1 s to 11.6 s with it (BUILD_NOTES.md, issue 4). The restarted process removes the variable from
   its environment, so the programs it starts begin with glibc's defaults (an entry point among them restarts
   itself in turn). A `GLIBC_TUNABLES` the user set is left alone: no restart, `mallopt` only.
 - `retain_freed_memory()`, anywhere else (a test session, a module imported by an entry point): `mallopt` in the
