@@ -233,6 +233,16 @@ class Transformer(nnx.Module):
             return self.embed_tokens.attend(hidden)
         return self.lm_head(hidden)
 
+    def token_logits(self, hidden: jax.Array, token_ids: jax.Array) -> jax.Array:
+        """The logit of `token_ids[n]` alone for each row of `hidden [N, hidden]`, `[N]`: from that token's row of
+        the output weights, so its gradient is `[N, hidden]`-sized rather than a scatter into `[vocab, N]`."""
+        dtype = self.config.dtype
+        if self.config.tie_word_embeddings:
+            rows, spec = self.embed_tokens.embedding[...][token_ids], "nd,nd->n"
+        else:
+            rows, spec = jnp.take(self.lm_head.kernel[...], token_ids, axis=1), "dn,nd->n"
+        return jnp.einsum(spec, rows.astype(dtype), hidden.astype(dtype))
+
     def vocab_major_logits(self, hidden: jax.Array) -> jax.Array:
         """The same logits for `hidden [N, hidden]`, laid out `[vocab, N]`.
 
