@@ -65,6 +65,11 @@ _OLD_LOGPROBS = flags.DEFINE_enum(
     "Old log-probs of the optimizer steps after an update's first: the learner's from an extra forward pass, or the "
     "sampler's (no extra pass; the sampler becomes the behaviour policy; needs --mismatch_correction=none).",
 )
+_SKIP_ZERO_GRADIENT_ROWS = flags.DEFINE_boolean(
+    "skip_zero_gradient_rows", True,
+    "Do not run the learner on rows whose loss has no gradient (no loss tokens; or a zero advantage when there is no "
+    "KL or entropy term): the same update, less work; token-mean metrics are then over the rows run.",
+)
 _LR = flags.DEFINE_float("lr", 1e-6, "Peak learning rate (AdamW).")
 _SCHEDULE = flags.DEFINE_enum("lr_schedule", "cosine", ["cosine", "constant"], "Learning-rate schedule after warmup.")
 _WARMUP_RATIO = flags.DEFINE_float("warmup_ratio", 0.03, "Fraction of optimizer steps spent warming up.")
@@ -127,6 +132,7 @@ def learner_config(num_completions: int, max_completion_tokens: int) -> LearnerC
         temperature=common.sampling_params().temperature,
         share_prompts=common.share_prompts(),
         old_logprobs=_OLD_LOGPROBS.value,
+        skip_zero_gradient_rows=_SKIP_ZERO_GRADIENT_ROWS.value,
     )
 
 

@@ -17,12 +17,21 @@ first step's tokens.
 With `share_prompts`, consecutive rows that carry the same prompt (a GRPO group's completions) run their prompt
 through the model once: its keys and values are repeated for each completion, which attends to them as to its own
 earlier columns. Values and gradients are those of the full rows; the work on the prompt drops by the group size.
+
+With `skip_zero_gradient_rows`, rows whose loss has no gradient are not run: rows without loss tokens, and, when
+there is no KL or entropy term, rows whose advantage is 0 (a GRPO group whose rewards all agree). Every policy loss
+here is a multiple of the advantage, so such rows add exactly nothing to the gradient; they still count in the
+aggregation's token and sequence totals, which come from the whole mini-batch. The step is the full mini-batch's
+step, and a mini-batch with nothing to run still takes its optimizer step, with a zero gradient, because AdamW's
+momentum moves the parameters anyway. Token-mean metrics (entropy, ratio, clip fractions, mismatch) are then over
+the rows that ran; the update's first step always runs, so the learner/sampler mismatch is measured every update.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Literal, get_args
 
 import jax
@@ -112,6 +121,8 @@ class LearnerConfig:
     old_logprobs: where the old log-probs of steps after an update's first come from (see the module docstring):
         "recompute" (the learner's, from an extra forward pass) or "sampler" (the generator's, no extra pass). A
         mismatch correction needs "recompute": with the sampler as the behaviour policy it has nothing to correct.
+    skip_zero_gradient_rows: do not run rows whose loss has no gradient (see the module docstring); the update is
+        the same. The rows a step runs are rounded up to a power of two of prompt blocks, so few shapes compile.
     """
 
     loss: LossConfig = LossConfig()
@@ -123,6 +134,7 @@ class LearnerConfig:
     temperature: float = 1.0
     share_prompts: bool = True
     old_logprobs: OldLogprobs = "recompute"
+    skip_zero_gradient_rows: bool = True
 
     def __post_init__(self) -> None:
         if self.old_logprobs not in get_args(OldLogprobs):
@@ -191,16 +203,22 @@ def _batch_logprobs(graphdef, params, other_state, batch: Trajectories, *, confi
     return logprobs.reshape(batch.tokens.shape)
 
 
+def _apply_gradients(params, opt_state, grads, config):
+    updates, opt_state = config.optimizer.make().update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
 @functools.partial(
     jax.jit,
     static_argnames=("graphdef", "config", "on_policy", "prompt_block"),
     donate_argnames=("params", "opt_state"),
 )
 def _train_step(
-    graphdef, params, other_state, opt_state, batch: Trajectories, ref_logprobs, *, config, on_policy, prompt_block
+    graphdef, params, other_state, opt_state, batch: Trajectories, token_weights, ref_logprobs, *, config, on_policy,
+    prompt_block,
 ):
-    """One optimizer step on a mini-batch, its gradient accumulated over micro-batches."""
-    token_weights = aggregation_weights(batch.loss_mask, config.loss)
+    """One optimizer step on a mini-batch, its gradient accumulated over micro-batches. `token_weights` are the
+    aggregation weights of these rows within the whole mini-batch (`rl.losses.aggregation_weights`)."""
     num_tokens = jnp.maximum(batch.loss_mask.sum(), 1).astype(jnp.float32)
     num_micro_batches = batch.batch_size // (config.micro_batch_size or batch.batch_size)
 
@@ -240,8 +258,23 @@ def _train_step(
         grads, metrics = jax.lax.scan(accumulate, zeros, micro_batches)
         metrics = jax.tree.map(lambda x: x.sum(axis=0), metrics)
     metrics["grad_norm"] = optax.global_norm(grads)
-    updates, opt_state = config.optimizer.make().update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, metrics
+    return *_apply_gradients(params, opt_state, grads, config), metrics
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("params", "opt_state"))
+def _zero_gradient_step(params, opt_state, *, config):
+    """The optimizer step of a mini-batch whose every row has a zero gradient."""
+    return _apply_gradients(params, opt_state, jax.tree.map(jnp.zeros_like, params), config)
+
+
+@dataclasses.dataclass
+class _Step:
+    """What one optimizer step runs: some rows of its mini-batch, trimmed and placed on the devices."""
+
+    batch: Trajectories
+    token_weights: jax.Array
+    prompt_block: int
+    ref_logprobs: jax.Array | None = None
 
 
 class Learner:
@@ -280,16 +313,57 @@ class Learner:
             return jax.tree.map(jnp.asarray, batch)
         return jax.device_put(batch, batch_sharding(self.mesh))
 
-    def _num_micro_batches(self, rows: int) -> int:
-        micro = self.config.micro_batch_size or self.config.mini_batch_size or rows
-        if rows % micro:
-            raise ValueError(f"{rows} rows do not split into micro-batches of {micro}")
-        return rows // micro
+    def _rows_per_pass(self, rows: int) -> int:
+        per_pass = self.config.micro_batch_size or min(self.config.mini_batch_size or rows, rows)
+        if rows % per_pass:
+            raise ValueError(f"{rows} rows do not split into micro-batches of {per_pass}")
+        return per_pass
 
     def _prompt_block(self, batch: Trajectories) -> int:
         if not self.config.share_prompts:
             return 1
-        return batch.prompt_block_size(batch.batch_size // self._num_micro_batches(batch.batch_size))
+        return batch.prompt_block_size(self._rows_per_pass(batch.batch_size))
+
+    def _zero_gradient_rows(self, batch: Trajectories) -> np.ndarray:
+        """[rows] bool: rows without loss tokens, and, without a KL or entropy term, rows whose advantage is 0."""
+        loss_mask = np.asarray(batch.loss_mask)
+        no_gradient = ~loss_mask.any(axis=1)
+        if not (self.config.loss.kl_coef or self.config.loss.entropy_coef):
+            no_gradient |= ~(loss_mask & (np.asarray(batch.advantages) != 0)).any(axis=1)
+        return no_gradient
+
+    def _rows_to_run(self, mini_batch: Trajectories, *, first_step: bool) -> np.ndarray:
+        """Indices of the mini-batch rows a step must run, in order: every unit (a prompt block, widened to split
+        over the data-parallel devices) holding a row with a gradient, then units without one up to a power-of-two
+        number of passes. The update's first step runs at least one unit, to measure the learner/sampler mismatch."""
+        rows = mini_batch.batch_size
+        if not self.config.skip_zero_gradient_rows:
+            return np.arange(rows)
+        data_parallel = 1 if self.mesh is None else self.mesh.shape["fsdp"]
+        unit = math.lcm(self._prompt_block(mini_batch), data_parallel)
+        smallest_run = math.lcm(unit, self.config.micro_batch_size or unit)
+        has_gradient = ~self._zero_gradient_rows(mini_batch).reshape(-1, unit).all(axis=1)
+        needed_rows = max(int(has_gradient.sum()), int(first_step)) * unit
+        if needed_rows == 0:
+            return np.arange(0)
+        run_rows = smallest_run
+        while run_rows < needed_rows:
+            run_rows *= 2
+        units_by_need = np.concatenate([np.flatnonzero(has_gradient), np.flatnonzero(~has_gradient)])
+        units = np.sort(units_by_need[: min(run_rows, rows) // unit])
+        return (units[:, None] * unit + np.arange(unit)).reshape(-1)
+
+    def _step(self, mini_batch: Trajectories, *, first_step: bool) -> _Step | None:
+        """The rows of `mini_batch` its optimizer step runs (None: none, its gradient is zero), with their weights in
+        the whole mini-batch's aggregation, each trimmed to its own length bucket and placed on the devices."""
+        run = self._rows_to_run(mini_batch, first_step=first_step)
+        if not len(run):
+            return None
+        token_weights = aggregation_weights(jnp.asarray(mini_batch.loss_mask), self.config.loss)[run]
+        # Trimming drops only leading prompt columns, where every weight is 0.
+        batch = mini_batch.rows(run).trimmed()
+        token_weights = token_weights[:, mini_batch.length - batch.length:]
+        return _Step(self._place(batch), self._place(token_weights), self._prompt_block(batch))
 
     def logprobs(self, batch: Trajectories) -> jax.Array:
         """log_softmax(logits / temperature) of each token from `batch.completion_start` on under the current
@@ -298,8 +372,8 @@ class Learner:
 
     def _logprobs(self, params, batch: Trajectories, prompt_block: int) -> jax.Array:
         return _batch_logprobs(
-            self._graphdef, params, self._other_state, batch,
-            config=self.config, num_micro_batches=self._num_micro_batches(batch.batch_size), prompt_block=prompt_block,
+            self._graphdef, params, self._other_state, batch, config=self.config,
+            num_micro_batches=batch.batch_size // self._rows_per_pass(batch.batch_size), prompt_block=prompt_block,
         )
 
     def update(self, batch: Trajectories) -> dict[str, float]:
@@ -308,41 +382,54 @@ class Learner:
         mini = self.config.mini_batch_size or rows
         if rows % mini:
             raise ValueError(f"batch of {rows} sequences does not split into mini-batches of {mini}")
-        self._num_micro_batches(mini)
-        # Each mini-batch is padded only as far as its own longest prompt: one long question no longer makes
-        # every optimizer step of the update run at its length.
-        mini_batches = [batch.rows(slice(start, start + mini)).trimmed() for start in range(0, rows, mini)]
-        prompt_blocks = [self._prompt_block(m) for m in mini_batches]
-        mini_batches = [self._place(m) for m in mini_batches]
-        # The update's first step runs at the sampling weights and takes its own log-probs as the old ones.
-        if self.config.old_logprobs == "recompute":
-            mini_batches = [
-                m if index == 0 and self.config.num_iterations == 1
-                else m.replace(old_logprobs=self._logprobs(self.params, m, block))
-                for index, (m, block) in enumerate(zip(mini_batches, prompt_blocks))
-            ]
-        ref_logprobs = [
-            None if self.reference_params is None else self._logprobs(self.reference_params, m, block)
-            for m, block in zip(mini_batches, prompt_blocks)
+        self._rows_per_pass(mini)
+        # Each step is padded only as far as its own longest prompt: one long question no longer makes every
+        # optimizer step of the update run at its length.
+        steps = [
+            self._step(batch.rows(slice(start, start + mini)), first_step=start == 0) for start in range(0, rows, mini)
         ]
+        # The update's first step runs at the sampling weights and takes its own log-probs as the old ones.
+        for index, step in enumerate(steps):
+            if step is None:
+                continue
+            if self.config.old_logprobs == "recompute" and (index > 0 or self.config.num_iterations > 1):
+                step.batch = step.batch.replace(old_logprobs=self._logprobs(self.params, step.batch, step.prompt_block))
+            if self.reference_params is not None:
+                step.ref_logprobs = self._logprobs(self.reference_params, step.batch, step.prompt_block)
         params, opt_state = self.params, self.opt_state
         step_metrics, learning_rates = [], []
         for epoch in range(self.config.num_iterations):
-            for index, (mini_batch, mini_ref, block) in enumerate(zip(mini_batches, ref_logprobs, prompt_blocks)):
+            for index, step in enumerate(steps):
                 learning_rates.append(float(self._learning_rate(self.optimizer_step)))
                 # params and opt_state are donated: XLA updates their buffers in place.
-                params, opt_state, metrics = _train_step(
-                    self._graphdef, params, self._other_state, opt_state, mini_batch, mini_ref,
-                    config=self.config, on_policy=epoch == 0 and index == 0, prompt_block=block,
-                )
+                if step is None:
+                    params, opt_state = _zero_gradient_step(params, opt_state, config=self.config)
+                    metrics = None
+                else:
+                    params, opt_state, metrics = _train_step(
+                        self._graphdef, params, self._other_state, opt_state, step.batch, step.token_weights,
+                        step.ref_logprobs, config=self.config, on_policy=epoch == 0 and index == 0,
+                        prompt_block=step.prompt_block,
+                    )
                 nnx.update(self.model, params)
                 self.opt_state = opt_state
                 self.optimizer_step += 1
                 step_metrics.append(metrics)
         self.step += 1
         step_metrics = jax.device_get(step_metrics)
-        averaged = {name: float(np.mean([m[name] for m in step_metrics])) for name in step_metrics[0]}
+        # A step that ran nothing had a zero loss and gradient; its token means are unmeasured, so they average
+        # over the steps that ran.
+        zero_sums = {name: 0.0 for name in step_metrics[0] if name.startswith("loss") or name == "grad_norm"}
+        step_metrics = [zero_sums if metrics is None else metrics for metrics in step_metrics]
+        averaged = {
+            name: float(np.mean([m[name] for m in step_metrics if name in m])) for name in step_metrics[0]
+        }
         if self.config.old_logprobs == "sampler":
             # Later steps compare the sampler with itself; only the first step measures the learner against it.
             averaged |= {name: float(value) for name, value in step_metrics[0].items() if name.startswith("mismatch/")}
-        return averaged | {"lr": float(np.mean(learning_rates)), "optimizer_steps": float(len(step_metrics))}
+        rows_run = sum(0 if step is None else step.batch.batch_size for step in steps)
+        return averaged | {
+            "lr": float(np.mean(learning_rates)),
+            "optimizer_steps": float(len(step_metrics)),
+            "skipped_rows": 1.0 - rows_run / rows,
+        }

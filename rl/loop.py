@@ -87,7 +87,8 @@ class LoopConfig:
 
     questions_per_step x group_size completions are sampled per iteration. `estimator` names an entry of
     `rl.advantages.ESTIMATORS`. With `dynamic_sampling`, groups whose rewards all agree carry no learning signal and
-    are masked out of the loss (the batch keeps its shape, so nothing recompiles). With `recursion`, each completion
+    are masked out of the loss, so they leave its denominators too (the learner does not run rows without loss
+    tokens, `LearnerConfig.skip_zero_gradient_rows`). With `recursion`, each completion
     the world gives a follow-up prompt gets a second Conductor round on its first round's result; the world's
     second-round reward is the episode's (the world blends in the discounted first-round reward, so the reward is
     defined once, in `env.rewards`), and both rounds' completions train on it. With `stratify_questions`, each

@@ -110,8 +110,9 @@ def test_mini_batches_trimmed_to_their_own_length_give_the_same_update():
     assert trimmable.length == one_length.length == 32
     assert trimmable.rows(slice(4, 8)).trimmed().length == 16
     assert one_length.rows(slice(4, 8)).trimmed().length == 32  # one bucket: nothing to trim
-    # lr 1e-4: at 1e-3 Adam lifts fp32 rounding of near-zero gradient coordinates above 1e-6 (see above).
-    config = LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-4), num_iterations=2, mini_batch_size=4)
+    # lr 5e-5: Adam lifts fp32 rounding of near-zero gradient coordinates in proportion to the rate (see above);
+    # at 1e-4 one coordinate was 1.2e-6 off once the target logits came from their own weight rows.
+    config = LearnerConfig(optimizer=OptimizerConfig(learning_rate=5e-5), num_iterations=2, mini_batch_size=4)
     params = []
     for batch in (trimmable, one_length):
         learner = Learner(_model(), config)
@@ -215,7 +216,93 @@ def test_sampler_old_logprobs_skip_the_recompute_and_make_the_sampler_the_behavi
     assert moved > 1e-4
 
 
-@pytest.mark.parametrize("make_batch", [_random_batch, _grouped_batch])  # one pass per row; one per prompt
+def _batch_with_silent_groups(rewards_per_group, group_size: int = 4):
+    """A grouped batch whose rewards are given per group: a group whose rewards all agree has zero advantages."""
+    batch = _grouped_batch(11, groups=len(rewards_per_group), group_size=group_size)
+    rewards = np.asarray(rewards_per_group, dtype=np.float64).reshape(-1)
+    group_ids = np.asarray(batch.group_ids)
+    row_advantages = advantages.compute("grpo", rewards, group_ids)
+    return batch.replace(advantages=np.where(batch.loss_mask, row_advantages[:, None], 0.0).astype(np.float32))
+
+
+# The first group's rewards agree, as do the third's; in the fourth, the two rows at the mean have advantage 0.
+SILENT_GROUPS = [[1, 1, 1, 1], [0, 1, 1, 0], [0, 0, 0, 0], [0, 0.5, 1, 0.5]]
+
+
+@pytest.mark.parametrize(
+    "policy_loss, aggregation, mini_batch_size, micro_batch_size, num_iterations, expected_skipped",
+    [
+        # One step: groups 2 and 4 run, 1 and 3 are skipped.
+        ("ppo", "seq-mean-token-mean", None, None, 1, 0.5),
+        # A step per group: the first step runs its silent group (it measures the mismatch), the third's takes
+        # AdamW's step on a zero gradient; in two passes, old log-probs are recomputed only for the rows run.
+        ("ppo", "token-mean", 4, None, 2, 0.25),
+        ("gspo", "seq-mean-token-sum", 8, 4, 1, 0.5),
+        ("cispo", "token-mean", 8, 2, 1, 0.5),
+    ],
+)
+def test_rows_without_gradient_are_skipped_with_the_same_update(
+    policy_loss, aggregation, mini_batch_size, micro_batch_size, num_iterations, expected_skipped
+):
+    batch = _batch_with_silent_groups(SILENT_GROUPS)
+    assert (np.abs(batch.advantages).sum(axis=1) == 0).tolist() == [True] * 4 + [False] * 4 + [True] * 4 + [
+        False, True, False, True
+    ]
+    clips = dict(clip_low=3e-4, clip_high=4e-4) if policy_loss == "gspo" else dict(clip_high=0.28)
+    results = []
+    for skip in (True, False):
+        config = LearnerConfig(
+            loss=LossConfig(policy_loss=policy_loss, aggregation=aggregation, **clips),
+            optimizer=OptimizerConfig(learning_rate=5e-5, total_steps=20),  # lr: see the micro-batch test
+            num_iterations=num_iterations, mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size,
+            temperature=0.7, skip_zero_gradient_rows=skip,
+        )
+        learner = Learner(_model(), config)
+        metrics = [learner.update(batch) for _ in range(2)]
+        results.append((_params_of(learner), jax.tree.leaves(learner.opt_state), metrics))
+    (skipped_params, skipped_state, skipped_metrics), (full_params, full_state, full_metrics) = results
+    assert skipped_metrics[1]["skipped_rows"] == expected_skipped and full_metrics[1]["skipped_rows"] == 0.0
+    assert skipped_metrics[1]["optimizer_steps"] == full_metrics[1]["optimizer_steps"]
+    for a, b in zip(skipped_params + skipped_state, full_params + full_state):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
+    for key in ("loss", "loss/policy", "grad_norm"):
+        np.testing.assert_allclose(skipped_metrics[1][key], full_metrics[1][key], rtol=1e-5, atol=1e-8)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(full_params, _params_of(Learner(_model(), config))))
+    assert moved > 5e-5
+
+
+def test_a_kl_or_entropy_term_keeps_zero_advantage_rows_but_not_rows_without_loss_tokens():
+    batch = _batch_with_silent_groups(SILENT_GROUPS)
+    # Dynamic sampling takes the agreeing groups out of the loss mask: those rows carry no term at all.
+    dropped = np.repeat([True, False, True, False], 4)
+    filtered = batch.replace(loss_mask=batch.loss_mask & ~dropped[:, None])
+    for loss, expected_skipped in (
+        (LossConfig(kl_coef=0.05), 0.0),
+        (LossConfig(entropy_coef=0.01), 0.0),
+        (LossConfig(), 0.25),  # the first group runs: the update's first step always runs a unit
+    ):
+        config = LearnerConfig(loss=loss, optimizer=OptimizerConfig(learning_rate=5e-5), mini_batch_size=4)
+        assert Learner(_model(), config).update(batch)["skipped_rows"] == expected_skipped
+    params = []
+    for skip in (True, False):
+        config = LearnerConfig(
+            loss=LossConfig(kl_coef=0.05), optimizer=OptimizerConfig(learning_rate=5e-5), skip_zero_gradient_rows=skip
+        )
+        learner = Learner(_model(), config)
+        metrics = [learner.update(filtered) for _ in range(2)]
+        assert metrics[1]["skipped_rows"] == (0.5 if skip else 0.0) and metrics[1]["kl"] > 0
+        params.append(_params_of(learner))
+    for a, b in zip(*params):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def _silent_groups_batch(seed: int):
+    del seed
+    return _batch_with_silent_groups(SILENT_GROUPS)
+
+
+# One pass per row; one per prompt; one per prompt with zero-gradient groups skipped.
+@pytest.mark.parametrize("make_batch", [_random_batch, _grouped_batch, _silent_groups_batch])
 def test_sharded_update_matches_single_device(make_batch):
     batch = make_batch(2)
     config = LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-3), micro_batch_size=4)
@@ -225,6 +312,7 @@ def test_sharded_update_matches_single_device(make_batch):
         single_metrics = single.update(batch)
         sharded_metrics = sharded.update(batch)
     np.testing.assert_allclose(sharded_metrics["loss"], single_metrics["loss"], rtol=1e-4, atol=1e-6)
+    assert sharded_metrics["skipped_rows"] == single_metrics["skipped_rows"]
     for a, b in zip(_params_of(single), _params_of(sharded)):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     kernel = sharded.model.layers[0].mlp.up_proj.kernel[...]
