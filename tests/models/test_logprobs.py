@@ -52,6 +52,16 @@ def test_chunked_logprobs_and_entropy_equal_numpy_log_softmax(chunk_size, temper
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])  # untied and tied LM heads
+def test_token_logits_are_the_vocabulary_logits_at_each_token(family):
+    model = make_model(family)
+    hidden, targets = make_inputs(model)
+    flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    every_logit = np.asarray(model.vocab_major_logits(flat_hidden))
+    expected = every_logit[np.asarray(flat_targets), np.arange(flat_targets.shape[0])]
+    np.testing.assert_allclose(np.asarray(model.token_logits(flat_hidden, flat_targets)), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])  # untied and tied LM heads
 def test_chunked_gradients_equal_unchunked_gradients(family):
     model = make_model(family)
     tokens, positions, mask = (jnp.asarray(x) for x in padded_batch((10, 6, 2), LENGTH, VOCAB))
