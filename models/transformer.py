@@ -238,7 +238,7 @@ class Transformer(nnx.Module):
         the output weights, so its gradient is `[N, hidden]`-sized rather than a scatter into `[vocab, N]`."""
         dtype = self.config.dtype
         if self.config.tie_word_embeddings:
-            rows, spec = self.embed_tokens.embedding[...][token_ids], "nd,nd->n"
+            rows, spec = self.embed_tokens(token_ids), "nd,nd->n"
         else:
             rows, spec = jnp.take(self.lm_head.kernel[...], token_ids, axis=1), "dn,nd->n"
         return jnp.einsum(spec, rows.astype(dtype), hidden.astype(dtype))
