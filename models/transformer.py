@@ -106,15 +106,22 @@ class Attention(nnx.Module):
         if prefix is not None:
             k, v = jnp.concatenate([prefix[0], k], axis=1), jnp.concatenate([prefix[1], v], axis=1)
 
-        # Query heads are grouped under the key/value head they share: q [B, T, K, G, D] against k [B, S, K, D].
+        # Query heads are grouped under the key/value head they share, and each key/value head's G x T queries form
+        # the rows of one [B, K] batch of matmuls: q [B, K, G * T, D] against k [B, K, S, D]. Written as one einsum
+        # over [B, T, K, G, D], XLA:CPU produced the scores in [K, S, G * T] order and transposed them in every
+        # elementwise pass after (the tiny Conductor's update spent most of its body time there).
         q = q.reshape(batch, length, config.num_kv_heads, config.num_query_groups, config.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-        scores = scores * config.head_dim**-0.5
+        q = q.transpose(0, 2, 3, 1, 4).reshape(batch, config.num_kv_heads, -1, config.head_dim)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
+        scores = scores.reshape(batch, config.num_kv_heads, config.num_query_groups, length, -1) * config.head_dim**-0.5
         # A finite fill keeps fully masked rows (left-padding queries) finite: they average all keys, never NaN.
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(config.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-        return self.o_proj(out.reshape(batch * length, config.num_heads * config.head_dim)), own_kv
+        out = jnp.einsum("bkqs,bksd->bkqd", probs.reshape(batch, config.num_kv_heads, -1, probs.shape[-1]), v)
+        out = out.reshape(batch, config.num_kv_heads, config.num_query_groups, length, config.head_dim)
+        out = out.transpose(0, 3, 1, 2, 4).reshape(batch * length, config.num_heads * config.head_dim)
+        return self.o_proj(out), own_kv
 
 
 class MLP(nnx.Module):
