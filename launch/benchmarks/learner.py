@@ -12,12 +12,18 @@ the process cannot restart with glibc tunables (when the user set a `GLIBC_TUNAB
 update on the batch GRPO actually produces, 2 groups of 4 completions that share their group's prompt, which the
 learner encodes once per group (`LearnerConfig.share_prompts`); its tokens/s counts the full rows, since the update
 it computes is the same.
+
+The torch step runs in a process of its own, driven step by step from this one so the engines still alternate. In
+one process the two frameworks share glibc's heap: after a torch step had carved up the memory XLA freed, the next
+one-micro-batch Flax update faulted its 5.2 GB buffer in afresh in some runs and not in others (a ~4.9 s update
+then took 6.5-12 s). Each engine now keeps its own heap, as it would in a training run of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import statistics
 import time
 
@@ -34,6 +40,10 @@ from rl.losses import LossConfig
 from rl.trajectories import build
 
 BATCH, PROMPT, COMPLETION, REPEATS = 8, 128, 128, 3
+# Untimed updates per engine before the timed ones. The first compiles; the first two both map and fault in fresh
+# heap pages for their temporary buffers (1.4-1.5M minor faults each for the one-micro-batch update, 10-20 s against
+# ~5 s once glibc reuses the freed blocks).
+WARMUP_UPDATES = 2
 GROUPS = 2
 MICRO_BATCH = 2
 CLIP, LEARNING_RATE, MAX_GRAD_NORM = 0.2, 1e-6, 1.0
@@ -80,6 +90,24 @@ def _torch_step(model, optimizer, tokens, attention_mask, loss_mask, advantages)
     return loss.item(), (entropy * mask).sum().item()
 
 
+def _torch_engine(connection, model_dir, tokens, attention_mask, loss_mask, advantages) -> None:
+    """Child process: builds the torch model and AdamW, takes `WARMUP_UPDATES` untimed steps, then times one step per request
+    (None ends it) and sends the wall seconds back."""
+    torch_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    optimizer = torch.optim.AdamW(torch_model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    inputs = (
+        torch.as_tensor(tokens, dtype=torch.long),
+        torch.as_tensor(attention_mask, dtype=torch.long),
+        torch.as_tensor(loss_mask, dtype=torch.float32),
+        torch.as_tensor(advantages),
+    )
+    for _ in range(WARMUP_UPDATES):
+        _torch_step(torch_model, optimizer, *inputs)
+    connection.send(torch.get_num_threads())
+    while connection.recv() is not None:
+        connection.send(timed(lambda: _torch_step(torch_model, optimizer, *inputs), repeats=1, warmup=0)[0])
+
+
 def run() -> Report:
     model_dir = zoo.smollm2_135m_instruct()
     rng = np.random.default_rng(0)
@@ -105,26 +133,35 @@ def run() -> Report:
     compile_start = time.perf_counter()
     learner.update(batch)
     flax_compile_s = time.perf_counter() - compile_start
-    micro_learner.update(batch)
-    grouped_learner.update(grouped_batch)
+    for warmup in range(WARMUP_UPDATES):
+        if warmup:
+            learner.update(batch)
+        micro_learner.update(batch)
+        grouped_learner.update(grouped_batch)
 
-    torch_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
-    optimizer = torch.optim.AdamW(torch_model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
-    torch_inputs = (
-        torch.as_tensor(batch.tokens, dtype=torch.long),
-        torch.as_tensor(batch.attention_mask, dtype=torch.long),
-        torch.as_tensor(batch.loss_mask, dtype=torch.float32),
-        torch.as_tensor(advantages),
-    )
-
-    # Alternate the engines so both see the same background load on a shared machine.
-    flax_seconds, micro_seconds, grouped_seconds, torch_seconds = [], [], [], []
-    for repeat in range(REPEATS):
-        flax_seconds += timed(lambda: learner.update(batch), repeats=1, warmup=0)
-        micro_seconds += timed(lambda: micro_learner.update(batch), repeats=1, warmup=0)
-        grouped_seconds += timed(lambda: grouped_learner.update(grouped_batch), repeats=1, warmup=0)
-        torch_seconds += timed(lambda: _torch_step(torch_model, optimizer, *torch_inputs), repeats=1,
-                               warmup=1 if repeat == 0 else 0)
+    connection, child_connection = multiprocessing.get_context("spawn").Pipe()
+    torch_process = multiprocessing.get_context("spawn").Process(
+        target=_torch_engine,
+        args=(child_connection, model_dir, np.asarray(batch.tokens), np.asarray(batch.attention_mask),
+              np.asarray(batch.loss_mask), advantages),
+    )  # fmt: skip
+    torch_process.start()
+    try:
+        torch_threads = connection.recv()
+        # Alternate the engines so both see the same background load on a shared machine.
+        flax_seconds, micro_seconds, grouped_seconds, torch_seconds = [], [], [], []
+        for _ in range(REPEATS):
+            flax_seconds += timed(lambda: learner.update(batch), repeats=1, warmup=0)
+            micro_seconds += timed(lambda: micro_learner.update(batch), repeats=1, warmup=0)
+            grouped_seconds += timed(lambda: grouped_learner.update(grouped_batch), repeats=1, warmup=0)
+            connection.send(True)
+            torch_seconds.append(connection.recv())
+        connection.send(None)
+    finally:
+        connection.close()  # an engine left waiting for a request sees the end of the pipe and exits
+        torch_process.join(timeout=60)
+        if torch_process.is_alive():
+            torch_process.kill()
     peak = _matmul_flops_per_s()
 
     config = json.loads((model_dir / "config.json").read_text())
@@ -163,12 +200,13 @@ def run() -> Report:
             "update_tflops": round(flops / 1e12, 3),
             "fp32_matmul_gflops_per_s": round(peak / 1e9, 1),
             "flax_compile_and_first_update_s": round(flax_compile_s, 1),
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": torch_threads,
         },
         notes=[
             f"{BATCH} x ({PROMPT} prompt + {COMPLETION} completion) tokens, fp32, median of {REPEATS} interleaved "
-            f"updates after a warm-up each; flax/torch = {ratio:.3f} (goal >= {GOAL_RATIO}); MFU against the "
-            f"{MATMUL_SIZE}^3 fp32 matmul rate measured in this run ({peak / 1e9:.1f} GFLOP/s)",
+            f"updates after {WARMUP_UPDATES} untimed ones each, torch in its own process; flax/torch = {ratio:.3f} "
+            f"(goal >= {GOAL_RATIO}); MFU against the {MATMUL_SIZE}^3 fp32 matmul rate measured in this run "
+            f"({peak / 1e9:.1f} GFLOP/s)",
             f"the same update in micro-batches of {MICRO_BATCH}: flax/torch = {torch_s / micro_s:.3f}",
             f"with each group's prompt encoded once ({GROUPS} groups of {BATCH // GROUPS}, same update, less work "
             f"than torch does): flax/torch = {torch_s / grouped_s:.3f}; no MFU, the model FLOPs differ",
