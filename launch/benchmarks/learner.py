@@ -32,9 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
+from flax import nnx
 
 from launch.benchmarks.common import Report, timed
 from models import hf_io, zoo
+from models.config import ModelConfig
+from models.transformer import Transformer
 from rl.learner import Learner, LearnerConfig, OptimizerConfig
 from rl.losses import LossConfig
 from rl.trajectories import build
@@ -50,13 +53,47 @@ CLIP, LEARNING_RATE, MAX_GRAD_NORM = 0.2, 1e-6, 1.0
 MATMUL_SIZE = 2048
 GOAL_RATIO = 1.2
 
+# On an accelerator: a bf16 update (bf16 matmuls, float32 weights and AdamW state) of a model shaped like
+# Qwen2.5-1.5B (its config.json; random weights), 8 x (512 + 512) tokens in micro-batches of 2.
+QWEN25_1_5B = {
+    "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
+    "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 32768,
+}  # fmt: skip
+ACCELERATOR_SHAPE = dict(batch=8, prompt=512, completion=512, micro_batch=2)
+ACCELERATOR_MATMUL_SIZE = 8192
 
-def _matmul_flops_per_s() -> float:
-    """Best-of-3 float32 square-matmul rate of this machine under XLA."""
-    a = jax.random.normal(jax.random.key(0), (MATMUL_SIZE, MATMUL_SIZE), jnp.float32)
+
+def _matmul_flops_per_s(dtype=jnp.float32, size: int = MATMUL_SIZE) -> float:
+    """Best-of-3 square-matmul rate of the default device under XLA."""
+    a = jax.random.normal(jax.random.key(0), (size, size), dtype)
     matmul = jax.jit(lambda x: x @ x)
     seconds = timed(lambda: matmul(a).block_until_ready(), repeats=3)
-    return 2 * MATMUL_SIZE**3 / min(seconds)
+    return 2 * size**3 / min(seconds)
+
+
+def _random_batch(*, batch: int, prompt: int, completion: int, vocab: int, groups: int, shared_prompts: bool):
+    """Random token rows of one length bucket, and their advantages [batch]; with `shared_prompts`, each group's
+    rows carry its first prompt."""
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(3, vocab, size=(batch, prompt)).tolist()
+    completions = rng.integers(3, vocab, size=(batch, completion)).tolist()
+    sampler_logprobs = (-rng.uniform(0.5, 8.0, size=(batch, completion))).tolist()
+    advantages = rng.normal(size=batch).astype(np.float32)
+    group_ids = np.repeat(np.arange(groups), batch // groups)
+    if shared_prompts:
+        prompts = [prompts[g] for g in group_ids]
+    trajectories = build(prompts, completions, sampler_logprobs, advantages, group_ids, pad_id=2,
+                         length_buckets=(prompt + completion,))  # fmt: skip
+    return trajectories, advantages
+
+
+def _learner_config(**changes) -> LearnerConfig:
+    return LearnerConfig(
+        loss=LossConfig(clip_low=CLIP, clip_high=CLIP, aggregation="seq-mean-token-mean"),
+        optimizer=OptimizerConfig(learning_rate=LEARNING_RATE, schedule="constant", max_grad_norm=MAX_GRAD_NORM),
+        **changes,
+    )
 
 
 def _update_flops(config: dict, tokens: int, length: int, head_tokens: int) -> float:
@@ -109,24 +146,68 @@ def _torch_engine(connection, model_dir, tokens, attention_mask, loss_mask, adva
 
 
 def run() -> Report:
+    """The torch comparison on a CPU; the bf16 Qwen2.5-1.5B-shaped update on an accelerator (torch here is a CPU
+    build, so there is no like-for-like baseline beside a GPU or TPU)."""
+    if jax.default_backend() == "cpu":
+        return cpu_comparison()
+    return accelerator_update(QWEN25_1_5B, **ACCELERATOR_SHAPE)
+
+
+def accelerator_update(
+    hf_config: dict, *, batch: int, prompt: int, completion: int, micro_batch: int,
+    matmul_size: int = ACCELERATOR_MATMUL_SIZE,
+) -> Report:
+    """Tokens/s and MFU of `Learner.update` with bf16 matmuls and float32 weights on the default device, against
+    the bf16 square-matmul rate measured in the same run."""
+    config = ModelConfig.from_hf(hf_config, dtype="bfloat16", param_dtype="float32")
+    learner = Learner(Transformer(config, rngs=nnx.Rngs(0)), _learner_config(micro_batch_size=micro_batch))
+    trajectories, _ = _random_batch(batch=batch, prompt=prompt, completion=completion, vocab=config.vocab_size,
+                                    groups=1, shared_prompts=False)  # fmt: skip
+
+    def update() -> None:
+        learner.update(trajectories)
+        jax.block_until_ready(learner.params)
+
+    seconds = timed(update, repeats=REPEATS, warmup=WARMUP_UPDATES)
+    peak = _matmul_flops_per_s(jnp.bfloat16, matmul_size)
+    n_tokens = batch * (prompt + completion)
+    flops = _update_flops(hf_config, n_tokens, prompt + completion, batch * completion)
+    median = statistics.median(seconds)
+    device = str(jax.devices()[0].device_kind)
+    return Report(
+        suite="learner",
+        columns=["engine", "median_s", "min_s", "tokens_per_s", "mfu"],
+        rows=[["flax Learner.update, bf16", median, min(seconds), n_tokens / median, flops / median / peak]],
+        figures={
+            "device": device,
+            "model_shape": hf_config,
+            "batch": batch,
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "micro_batch_size": micro_batch,
+            "dtype": "bfloat16 matmuls, float32 weights",
+            "flax_tokens_per_s": round(n_tokens / median, 1),
+            "flax_mfu": round(flops / median / peak, 4),
+            "update_tflops": round(flops / 1e12, 3),
+            "bf16_matmul_tflops_per_s": round(peak / 1e12, 1),
+        },
+        notes=[
+            f"{device}: {batch} x ({prompt} prompt + {completion} completion) tokens in micro-batches of "
+            f"{micro_batch}, median of {REPEATS} updates after {WARMUP_UPDATES} untimed ones; MFU against the "
+            f"{matmul_size}^3 bf16 matmul rate measured in this run ({peak / 1e12:.1f} TFLOP/s)",
+        ],
+    )
+
+
+def cpu_comparison() -> Report:
     model_dir = zoo.smollm2_135m_instruct()
-    rng = np.random.default_rng(0)
-    prompts = rng.integers(3, 49152, size=(BATCH, PROMPT)).tolist()
-    completions = rng.integers(3, 49152, size=(BATCH, COMPLETION)).tolist()
-    sampler_logprobs = (-rng.uniform(0.5, 8.0, size=(BATCH, COMPLETION))).tolist()
-    advantages = rng.normal(size=BATCH).astype(np.float32)
-    group_ids = np.repeat(np.arange(GROUPS), BATCH // GROUPS)
-    batch = build(prompts, completions, sampler_logprobs, advantages, group_ids, pad_id=2,
-                  length_buckets=(PROMPT + COMPLETION,))  # fmt: skip
-    grouped_batch = build([prompts[g] for g in group_ids], completions, sampler_logprobs, advantages, group_ids,
-                          pad_id=2, length_buckets=(PROMPT + COMPLETION,))  # fmt: skip
+    shape = dict(batch=BATCH, prompt=PROMPT, completion=COMPLETION, vocab=49152, groups=GROUPS)
+    batch, advantages = _random_batch(**shape, shared_prompts=False)
+    grouped_batch, _ = _random_batch(**shape, shared_prompts=True)
     assert grouped_batch.prompt_block_size(BATCH) == BATCH // GROUPS
     n_tokens = BATCH * (PROMPT + COMPLETION)
 
-    learner_config = LearnerConfig(
-        loss=LossConfig(clip_low=CLIP, clip_high=CLIP, aggregation="seq-mean-token-mean"),
-        optimizer=OptimizerConfig(learning_rate=LEARNING_RATE, schedule="constant", max_grad_norm=MAX_GRAD_NORM),
-    )
+    learner_config = _learner_config()
     learner = Learner(hf_io.load(model_dir), learner_config)
     micro_learner = Learner(hf_io.load(model_dir), dataclasses.replace(learner_config, micro_batch_size=MICRO_BATCH))
     grouped_learner = Learner(hf_io.load(model_dir), learner_config)
