@@ -108,8 +108,8 @@ class Attention(nnx.Module):
 
         # Query heads are grouped under the key/value head they share, and each key/value head's G x T queries form
         # the rows of one [B, K] batch of matmuls: q [B, K, G * T, D] against k [B, K, S, D]. Written as one einsum
-        # over [B, T, K, G, D], XLA:CPU produced the scores in [K, S, G * T] order and transposed them in every
-        # elementwise pass after (the tiny Conductor's update spent most of its body time there).
+        # over [B, T, K, G, D], XLA:CPU produced the scores in [K, S, G * T] order and transposed them inside the
+        # elementwise passes that followed.
         q = q.reshape(batch, length, config.num_kv_heads, config.num_query_groups, config.head_dim)
         q = q.transpose(0, 2, 3, 1, 4).reshape(batch, config.num_kv_heads, -1, config.head_dim)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)

@@ -13,10 +13,10 @@ update on the batch GRPO actually produces, 2 groups of 4 completions that share
 learner encodes once per group (`LearnerConfig.share_prompts`); its tokens/s counts the full rows, since the update
 it computes is the same.
 
-The torch step runs in a process of its own, driven step by step from this one so the engines still alternate. In
-one process the two frameworks share glibc's heap: after a torch step had carved up the memory XLA freed, the next
-one-micro-batch Flax update faulted its 5.2 GB buffer in afresh in some runs and not in others (a ~4.9 s update
-then took 6.5-12 s). Each engine now keeps its own heap, as it would in a training run of its own.
+The torch step runs in a process of its own, driven step by step from this one so the engines still alternate, and
+every engine takes `WARMUP_UPDATES` untimed updates. The one-micro-batch update faults its 5.2 GB buffer in afresh
+on each of its first two calls; with one warm-up, and beside torch in one glibc heap, some runs kept faulting (a
+~4.9 s update then took 6.5-12 s).
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ def _torch_step(model, optimizer, tokens, attention_mask, loss_mask, advantages)
 
 
 def _torch_engine(connection, model_dir, tokens, attention_mask, loss_mask, advantages) -> None:
-    """Child process: builds the torch model and AdamW, takes `WARMUP_UPDATES` untimed steps, then times one step per request
-    (None ends it) and sends the wall seconds back."""
+    """Child process: builds the torch model and AdamW, takes `WARMUP_UPDATES` untimed steps, then times one step
+    per request (None ends it) and sends the wall seconds back."""
     torch_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
     optimizer = torch.optim.AdamW(torch_model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     inputs = (
