@@ -21,7 +21,6 @@ on each of its first two calls; with one warm-up, and beside torch in one glibc 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import multiprocessing
 import statistics
@@ -209,7 +208,7 @@ def cpu_comparison() -> Report:
 
     learner_config = _learner_config()
     learner = Learner(hf_io.load(model_dir), learner_config)
-    micro_learner = Learner(hf_io.load(model_dir), dataclasses.replace(learner_config, micro_batch_size=MICRO_BATCH))
+    micro_learner = Learner(hf_io.load(model_dir), _learner_config(micro_batch_size=MICRO_BATCH))
     grouped_learner = Learner(hf_io.load(model_dir), learner_config)
     compile_start = time.perf_counter()
     learner.update(batch)
@@ -220,8 +219,9 @@ def cpu_comparison() -> Report:
         micro_learner.update(batch)
         grouped_learner.update(grouped_batch)
 
-    connection, child_connection = multiprocessing.get_context("spawn").Pipe()
-    torch_process = multiprocessing.get_context("spawn").Process(
+    spawn = multiprocessing.get_context("spawn")
+    connection, child_connection = spawn.Pipe()
+    torch_process = spawn.Process(
         target=_torch_engine,
         args=(child_connection, model_dir, np.asarray(batch.tokens), np.asarray(batch.attention_mask),
               np.asarray(batch.loss_mask), advantages),
