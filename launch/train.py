@@ -70,6 +70,11 @@ _SKIP_ZERO_GRADIENT_ROWS = flags.DEFINE_boolean(
     "Do not run the learner on rows whose loss has no gradient (no loss tokens; or a zero advantage when there is no "
     "KL or entropy term): the same update, less work; token-mean metrics are then over the rows run.",
 )
+_RUN_DUPLICATES_ONCE = flags.DEFINE_boolean(
+    "run_duplicates_once", True,
+    "Run each distinct completion of a group through the learner once: a row identical to an earlier one of its group "
+    "takes that row's log-probs, and keeps its own advantage and loss weight; the same update, less work.",
+)
 _LR = flags.DEFINE_float("lr", 1e-6, "Peak learning rate (AdamW).")
 _SCHEDULE = flags.DEFINE_enum("lr_schedule", "cosine", ["cosine", "constant"], "Learning-rate schedule after warmup.")
 _WARMUP_RATIO = flags.DEFINE_float("warmup_ratio", 0.03, "Fraction of optimizer steps spent warming up.")
@@ -133,6 +138,7 @@ def learner_config(num_completions: int, max_completion_tokens: int) -> LearnerC
         share_prompts=common.share_prompts(),
         old_logprobs=_OLD_LOGPROBS.value,
         skip_zero_gradient_rows=_SKIP_ZERO_GRADIENT_ROWS.value,
+        run_duplicates_once=_RUN_DUPLICATES_ONCE.value,
     )
 
 

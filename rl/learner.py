@@ -25,6 +25,11 @@ aggregation's token and sequence totals, which come from the whole mini-batch. T
 step, and a mini-batch with nothing to run still takes its optimizer step, with a zero gradient, because AdamW's
 momentum moves the parameters anyway. Token-mean metrics (entropy, ratio, clip fractions, mismatch) are then over
 the rows that ran; the update's first step always runs, so the learner/sampler mismatch is measured every update.
+
+With `run_duplicates_once`, rows identical to an earlier row of their prompt block (the same prompt and completion:
+a sharpening Conductor often writes one workflow several times in a group) are not run either: they take that
+row's log-probs and entropies, and autodiff sums their loss gradients into its pass. Each row keeps its own
+advantage, old and sampler log-probs and aggregation weight, so the update is the same.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
+from flax import nnx, struct
 from jax.sharding import Mesh
 
 from models.logprobs import completion_predictors, token_logprobs
@@ -123,6 +128,9 @@ class LearnerConfig:
         mismatch correction needs "recompute": with the sampler as the behaviour policy it has nothing to correct.
     skip_zero_gradient_rows: do not run rows whose loss has no gradient (see the module docstring); the update is
         the same. The rows a step runs are rounded up to a power of two of prompt blocks, so few shapes compile.
+    run_duplicates_once: run each distinct row of a prompt block through the model once (see the module
+        docstring); the update is the same. A block's distinct rows are padded to a power of two, so few shapes
+        compile.
     """
 
     loss: LossConfig = LossConfig()
@@ -135,6 +143,7 @@ class LearnerConfig:
     share_prompts: bool = True
     old_logprobs: OldLogprobs = "recompute"
     skip_zero_gradient_rows: bool = True
+    run_duplicates_once: bool = True
 
     def __post_init__(self) -> None:
         if self.old_logprobs not in get_args(OldLogprobs):
@@ -171,36 +180,46 @@ def _split_rows(tree, parts: int):
 # Learner with the same model structure and config shares one compiled program.
 
 
-def _forward(
-    graphdef, params, other_state, tokens, positions, attention_mask, completion_start: int, config, prompt_block: int
-):
-    """Log-probs and entropies [B, T] aligned with `tokens`. Columns before `completion_start` carry no loss: they
-    are 0, and their vocabulary logits are never computed. Every aligned block of `prompt_block` rows shares one
-    prompt, which is encoded once (1: each row is run whole; `models.logprobs.completion_predictors`)."""
+@struct.dataclass
+class ModelRows:
+    """What a step runs through the model: `[U, T]` rows, and for each of the step's `[B]` rows the index of the one
+    whose values it takes, counted within its own micro-batch's slice of the U rows (`Trajectories.distinct_rows`).
+    Every aligned block of `prompt_block` rows shares one prompt, which is encoded once (1: each row is run whole;
+    `models.logprobs.completion_predictors`)."""
+
+    tokens: jax.Array
+    positions: jax.Array
+    attention_mask: jax.Array
+    source: jax.Array
+    prompt_block: int = struct.field(pytree_node=False, default=1)
+
+
+def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: int, config):
+    """Log-probs and entropies [B, T], one row for each entry of `rows.source`. Columns before `completion_start`
+    carry no loss: they are 0, and their vocabulary logits are never computed."""
     model = nnx.merge(graphdef, params, other_state)
-    predicting = completion_predictors(model, tokens, positions, attention_mask, completion_start, prompt_block)
+    predicting = completion_predictors(
+        model, rows.tokens, rows.positions, rows.attention_mask, completion_start, rows.prompt_block
+    )
     values = token_logprobs(
         model,
         predicting,
-        tokens[:, completion_start:],
+        rows.tokens[:, completion_start:],
         temperature=config.temperature,
         chunk_size=config.logprob_chunk_size,
         return_entropy=True,
         entropy_gradient=config.loss.entropy_coef > 0,
     )
-    return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (completion_start, 0))), values)
+    return jax.tree.map(lambda x: jnp.pad(x[rows.source], ((0, 0), (completion_start, 0))), values)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "config", "num_micro_batches", "prompt_block"))
-def _batch_logprobs(graphdef, params, other_state, batch: Trajectories, *, config, num_micro_batches, prompt_block):
-    inputs = _split_rows((batch.tokens, batch.positions, batch.attention_mask), num_micro_batches)
+@functools.partial(jax.jit, static_argnames=("graphdef", "config", "completion_start", "num_micro_batches"))
+def _batch_logprobs(graphdef, params, other_state, rows: ModelRows, *, completion_start, config, num_micro_batches):
     logprobs = jax.lax.map(
-        lambda micro: _forward(
-            graphdef, params, other_state, *micro, batch.completion_start, config, prompt_block
-        )[0],
-        inputs,
+        lambda micro: _forward(graphdef, params, other_state, micro, completion_start, config)[0],
+        _split_rows(rows, num_micro_batches),
     )
-    return logprobs.reshape(batch.tokens.shape)
+    return logprobs.reshape(rows.source.shape[0], -1)
 
 
 def _apply_gradients(params, opt_state, grads, config):
@@ -208,26 +227,21 @@ def _apply_gradients(params, opt_state, grads, config):
     return optax.apply_updates(params, updates), opt_state
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("graphdef", "config", "on_policy", "prompt_block"),
-    donate_argnames=("params", "opt_state"),
-)
+@functools.partial(jax.jit, static_argnames=("graphdef", "config"), donate_argnames=("params", "opt_state"))
 def _train_step(
-    graphdef, params, other_state, opt_state, batch: Trajectories, token_weights, ref_logprobs, *, config, on_policy,
-    prompt_block,
+    graphdef, params, other_state, opt_state, batch: Trajectories, model_rows: ModelRows, token_weights, ref_logprobs,
+    on_policy, *, config,
 ):
     """One optimizer step on a mini-batch, its gradient accumulated over micro-batches. `token_weights` are the
-    aggregation weights of these rows within the whole mini-batch (`rl.losses.aggregation_weights`)."""
+    aggregation weights of these rows within the whole mini-batch (`rl.losses.aggregation_weights`). `on_policy`
+    (a traced bool, so that the first step of an update and the others share one program): the weights are those
+    that sampled the batch, so the old log-probs are the current ones."""
     num_tokens = jnp.maximum(batch.loss_mask.sum(), 1).astype(jnp.float32)
     num_micro_batches = batch.batch_size // (config.micro_batch_size or batch.batch_size)
 
-    def micro_loss(params, micro: Trajectories, micro_weights, micro_ref):
-        logprobs, entropy = _forward(
-            graphdef, params, other_state, micro.tokens, micro.positions, micro.attention_mask,
-            micro.completion_start, config, prompt_block,
-        )
-        old_logprobs = jax.lax.stop_gradient(logprobs) if on_policy else micro.old_logprobs
+    def micro_loss(params, micro: Trajectories, micro_rows: ModelRows, micro_weights, micro_ref):
+        logprobs, entropy = _forward(graphdef, params, other_state, micro_rows, micro.completion_start, config)
+        old_logprobs = jnp.where(on_policy, jax.lax.stop_gradient(logprobs), micro.old_logprobs)
         return grpo_loss(
             config.loss,
             logprobs=logprobs,
@@ -247,13 +261,13 @@ def _train_step(
 
     if num_micro_batches == 1:
         # No one-step scan: XLA kept it as a while loop around the whole forward and backward pass.
-        grads, metrics = micro_gradient((batch, token_weights, ref_logprobs))
+        grads, metrics = micro_gradient((batch, model_rows, token_weights, ref_logprobs))
     else:
         def accumulate(grads, micro):
             micro_grads, metrics = micro_gradient(micro)
             return jax.tree.map(jnp.add, grads, micro_grads), metrics
 
-        micro_batches = _split_rows((batch, token_weights, ref_logprobs), num_micro_batches)
+        micro_batches = _split_rows((batch, model_rows, token_weights, ref_logprobs), num_micro_batches)
         zeros = jax.tree.map(jnp.zeros_like, params)
         grads, metrics = jax.lax.scan(accumulate, zeros, micro_batches)
         metrics = jax.tree.map(lambda x: x.sum(axis=0), metrics)
@@ -269,11 +283,12 @@ def _zero_gradient_step(params, opt_state, *, config):
 
 @dataclasses.dataclass
 class _Step:
-    """What one optimizer step runs: some rows of its mini-batch, trimmed and placed on the devices."""
+    """What one optimizer step runs: some rows of its mini-batch, trimmed and placed on the devices, and the rows of
+    those the model runs."""
 
     batch: Trajectories
+    model_rows: ModelRows
     token_weights: jax.Array
-    prompt_block: int
     ref_logprobs: jax.Array | None = None
 
 
@@ -308,10 +323,14 @@ class Learner:
         self.step = step
         self.optimizer_step = optimizer_step
 
-    def _place(self, batch: Trajectories) -> Trajectories:
+    def _place(self, tree):
         if self.mesh is None:
-            return jax.tree.map(jnp.asarray, batch)
-        return jax.device_put(batch, batch_sharding(self.mesh))
+            return jax.tree.map(jnp.asarray, tree)
+        return jax.device_put(tree, batch_sharding(self.mesh))
+
+    @property
+    def _data_parallel(self) -> int:
+        return 1 if self.mesh is None else self.mesh.shape["fsdp"]
 
     def _rows_per_pass(self, rows: int) -> int:
         per_pass = self.config.micro_batch_size or min(self.config.mini_batch_size or rows, rows)
@@ -339,8 +358,7 @@ class Learner:
         rows = mini_batch.batch_size
         if not self.config.skip_zero_gradient_rows:
             return np.arange(rows)
-        data_parallel = 1 if self.mesh is None else self.mesh.shape["fsdp"]
-        unit = math.lcm(self._prompt_block(mini_batch), data_parallel)
+        unit = math.lcm(self._prompt_block(mini_batch), self._data_parallel)
         smallest_run = math.lcm(unit, self.config.micro_batch_size or unit)
         has_gradient = ~self._zero_gradient_rows(mini_batch).reshape(-1, unit).all(axis=1)
         needed_rows = max(int(has_gradient.sum()), int(first_step)) * unit
@@ -353,6 +371,21 @@ class Learner:
         units = np.sort(units_by_need[: min(run_rows, rows) // unit])
         return (units[:, None] * unit + np.arange(unit)).reshape(-1)
 
+    def _model_rows(self, batch: Trajectories) -> ModelRows:
+        """The rows of `batch` the model runs (each distinct row of a prompt block once, with `run_duplicates_once`;
+        with no shared prompts, each distinct row of a pass), placed on the devices."""
+        rows_per_pass = self._rows_per_pass(batch.batch_size)
+        prompt_block = self._prompt_block(batch)
+        if self.config.run_duplicates_once:
+            block = prompt_block if prompt_block > 1 else rows_per_pass
+            run, source, distinct_block = batch.distinct_rows(block, rows_per_pass, self._data_parallel)
+            prompt_block = distinct_block if prompt_block > 1 else 1
+        else:
+            run, source = np.arange(batch.batch_size), np.arange(batch.batch_size) % rows_per_pass
+        columns = (batch.tokens, batch.positions, batch.attention_mask)
+        tokens, positions, attention_mask = (np.asarray(array)[run] for array in columns)
+        return self._place(ModelRows(tokens, positions, attention_mask, source.astype(np.int32), prompt_block))
+
     def _step(self, mini_batch: Trajectories, *, first_step: bool) -> _Step | None:
         """The rows of `mini_batch` its optimizer step runs (None: none, its gradient is zero), with their weights in
         the whole mini-batch's aggregation, each trimmed to its own length bucket and placed on the devices."""
@@ -363,17 +396,17 @@ class Learner:
         # Trimming drops only leading prompt columns, where every weight is 0.
         batch = mini_batch.rows(run).trimmed()
         token_weights = token_weights[:, mini_batch.length - batch.length:]
-        return _Step(self._place(batch), self._place(token_weights), self._prompt_block(batch))
+        return _Step(self._place(batch), self._model_rows(batch), self._place(token_weights))
 
     def logprobs(self, batch: Trajectories) -> jax.Array:
         """log_softmax(logits / temperature) of each token from `batch.completion_start` on under the current
         weights, [B, T] float32 (earlier columns, prompt only, are 0)."""
-        return self._logprobs(self.params, self._place(batch), self._prompt_block(batch))
+        return self._logprobs(self.params, self._model_rows(batch), batch.completion_start)
 
-    def _logprobs(self, params, batch: Trajectories, prompt_block: int) -> jax.Array:
+    def _logprobs(self, params, rows: ModelRows, completion_start: int) -> jax.Array:
         return _batch_logprobs(
-            self._graphdef, params, self._other_state, batch, config=self.config,
-            num_micro_batches=batch.batch_size // self._rows_per_pass(batch.batch_size), prompt_block=prompt_block,
+            self._graphdef, params, self._other_state, rows, completion_start=completion_start, config=self.config,
+            num_micro_batches=rows.source.shape[0] // self._rows_per_pass(rows.source.shape[0]),
         )
 
     def update(self, batch: Trajectories) -> dict[str, float]:
@@ -393,9 +426,10 @@ class Learner:
             if step is None:
                 continue
             if self.config.old_logprobs == "recompute" and (index > 0 or self.config.num_iterations > 1):
-                step.batch = step.batch.replace(old_logprobs=self._logprobs(self.params, step.batch, step.prompt_block))
+                old_logprobs = self._logprobs(self.params, step.model_rows, step.batch.completion_start)
+                step.batch = step.batch.replace(old_logprobs=old_logprobs)
             if self.reference_params is not None:
-                step.ref_logprobs = self._logprobs(self.reference_params, step.batch, step.prompt_block)
+                step.ref_logprobs = self._logprobs(self.reference_params, step.model_rows, step.batch.completion_start)
         params, opt_state = self.params, self.opt_state
         step_metrics, learning_rates = [], []
         for epoch in range(self.config.num_iterations):
@@ -407,9 +441,8 @@ class Learner:
                     metrics = None
                 else:
                     params, opt_state, metrics = _train_step(
-                        self._graphdef, params, self._other_state, opt_state, step.batch, step.token_weights,
-                        step.ref_logprobs, config=self.config, on_policy=epoch == 0 and index == 0,
-                        prompt_block=step.prompt_block,
+                        self._graphdef, params, self._other_state, opt_state, step.batch, step.model_rows,
+                        step.token_weights, step.ref_logprobs, np.bool_(epoch == 0 and index == 0), config=self.config,
                     )
                 nnx.update(self.model, params)
                 self.opt_state = opt_state
@@ -428,8 +461,10 @@ class Learner:
             # Later steps compare the sampler with itself; only the first step measures the learner against it.
             averaged |= {name: float(value) for name, value in step_metrics[0].items() if name.startswith("mismatch/")}
         rows_run = sum(0 if step is None else step.batch.batch_size for step in steps)
+        model_rows = sum(0 if step is None else step.model_rows.tokens.shape[0] for step in steps)
         return averaged | {
             "lr": float(np.mean(learning_rates)),
             "optimizer_steps": float(len(step_metrics)),
             "skipped_rows": 1.0 - rows_run / rows,
+            "model_rows": model_rows / rows,
         }

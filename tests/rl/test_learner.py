@@ -296,13 +296,78 @@ def test_a_kl_or_entropy_term_keeps_zero_advantage_rows_but_not_rows_without_los
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
+def _batch_with_repeated_completions(seed: int = 13):
+    """Four groups of four whose completions repeat as a sharpening policy's do: 1, 2, 3 and 4 distinct per group.
+    Every row keeps its own advantage and sampler log-probs. The advantages are not centred per group: under GRPO's,
+    a group of one completion has a zero gradient, and AdamW would turn its rounding noise into full-size steps."""
+    rng = np.random.default_rng(seed)
+    prompts = [list(rng.integers(3, 250, size=length)) for length in (5, 9, 3, 7)]
+    patterns = [[0, 0, 0, 0], [0, 0, 1, 1], [0, 1, 0, 2], [0, 1, 2, 3]]
+    completions = []
+    for pattern in patterns:
+        choices = [list(rng.integers(3, 250, size=rng.integers(2, 9))) for _ in range(4)]
+        completions += [choices[index] for index in pattern]
+    sampler = [list(-rng.uniform(3.0, 8.0, size=len(c))) for c in completions]
+    group_ids = np.repeat(np.arange(4), 4)
+    adv = rng.normal(size=16)
+    return build([prompts[g] for g in group_ids], completions, sampler, adv, group_ids, pad_id=0, length_buckets=(32,))
+
+
+@pytest.mark.parametrize(
+    "policy_loss, aggregation, mini_batch_size, micro_batch_size, share_prompts, changes, expected_model_rows",
+    [
+        # A step per group: 1, 2, 4 and 4 rows run (3 distinct rows pad to 4); KL and recomputed old log-probs too.
+        ("ppo", "token-mean", 4, None, True, dict(num_iterations=2, kl_coef=0.05), 11 / 16),
+        # Two groups per step, a pass per group: 2 + 2 rows, then 4 + 4.
+        ("gspo", "seq-mean-token-sum", 8, 4, True, {}, 12 / 16),
+        # Passes of two rows share a prompt pairwise: the first step's pairs are all twins.
+        ("cispo", "token-mean", 8, 2, True, dict(old_logprobs="sampler", entropy_coef=0.01), 12 / 16),
+        # No shared prompts: twins are matched within a whole pass, 3 distinct rows pad to 4, then 7 to 8.
+        ("ppo", "seq-mean-token-mean", 8, None, False, {}, 12 / 16),
+    ],
+)
+def test_duplicate_rows_run_once_with_the_same_update(
+    policy_loss, aggregation, mini_batch_size, micro_batch_size, share_prompts, changes, expected_model_rows
+):
+    batch = _batch_with_repeated_completions()
+    loss_changes = {key: changes[key] for key in ("kl_coef", "entropy_coef") if key in changes}
+    clips = dict(clip_low=3e-4, clip_high=4e-4) if policy_loss == "gspo" else dict(clip_high=0.28)
+    results = []
+    for run_once in (True, False):
+        config = LearnerConfig(
+            loss=LossConfig(policy_loss=policy_loss, aggregation=aggregation, **clips, **loss_changes),
+            optimizer=OptimizerConfig(learning_rate=2e-5, total_steps=20),
+            num_iterations=changes.get("num_iterations", 1), mini_batch_size=mini_batch_size,
+            micro_batch_size=micro_batch_size, temperature=0.7, share_prompts=share_prompts,
+            old_logprobs=changes.get("old_logprobs", "recompute"), run_duplicates_once=run_once,
+        )
+        learner = Learner(_model(), config)
+        logprobs = np.asarray(learner.logprobs(batch))
+        metrics = [learner.update(batch) for _ in range(2)]
+        results.append((logprobs, _params_of(learner), jax.tree.leaves(learner.opt_state), metrics))
+    (once_logprobs, once_params, once_state, once_metrics), (all_logprobs, all_params, all_state, all_metrics) = results
+    assert once_metrics[1]["model_rows"] == expected_model_rows and all_metrics[1]["model_rows"] == 1.0
+    np.testing.assert_allclose(once_logprobs, all_logprobs, rtol=0, atol=2e-6)
+    # Twins' gradients are summed in another order. Over the 16 AdamW steps of the first case, that rounding moved
+    # one coordinate with a near-zero gradient by 0.17 of the learning rate (3.4e-6 at 2e-5, 8.5e-6 at 5e-5), as
+    # AdamW scales each coordinate by its own size; a twin taking the wrong row's values moves most by many steps.
+    for a, b in zip(once_params + once_state, all_params + all_state):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=5e-6)
+    for key in ("loss", "loss/policy", "grad_norm", "entropy", "ratio") + ("kl",) * ("kl_coef" in changes):
+        np.testing.assert_allclose(once_metrics[1][key], all_metrics[1][key], rtol=1e-5, atol=1e-8)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(all_params, _params_of(Learner(_model(), config))))
+    assert moved > 5e-5
+
+
 def _silent_groups_batch(seed: int):
     del seed
     return _batch_with_silent_groups(SILENT_GROUPS)
 
 
-# One pass per row; one per prompt; one per prompt with zero-gradient groups skipped.
-@pytest.mark.parametrize("make_batch", [_random_batch, _grouped_batch, _silent_groups_batch])
+# One pass per row; one per prompt; one per prompt with zero-gradient groups skipped; repeated completions run once.
+@pytest.mark.parametrize(
+    "make_batch", [_random_batch, _grouped_batch, _silent_groups_batch, _batch_with_repeated_completions]
+)
 def test_sharded_update_matches_single_device(make_batch):
     batch = make_batch(2)
     config = LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-3), micro_batch_size=4)
@@ -312,7 +377,8 @@ def test_sharded_update_matches_single_device(make_batch):
         single_metrics = single.update(batch)
         sharded_metrics = sharded.update(batch)
     np.testing.assert_allclose(sharded_metrics["loss"], single_metrics["loss"], rtol=1e-4, atol=1e-6)
-    assert sharded_metrics["skipped_rows"] == single_metrics["skipped_rows"]
+    for key in ("skipped_rows", "model_rows"):
+        assert sharded_metrics[key] == single_metrics[key]
     for a, b in zip(_params_of(single), _params_of(sharded)):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     kernel = sharded.model.layers[0].mlp.up_proj.kernel[...]
