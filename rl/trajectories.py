@@ -90,7 +90,9 @@ class Trajectories:
                 return block
         return 1
 
-    def distinct_rows(self, block: int, rows_per_pass: int, row_multiple: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
+    def distinct_rows(
+        self, block: int, rows_per_pass: int, row_multiple: int = 1
+    ) -> tuple[np.ndarray, np.ndarray, int]:
         """The rows a model pass must run so that every row's values come from an identical row (same tokens and
         padding), and where each row finds them. Identical rows have identical log-probs; a sharpening policy
         repeats its completions within a group often. Runs on the host.
