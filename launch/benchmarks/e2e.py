@@ -5,8 +5,8 @@ The first iteration (jit compilation) is excluded, and medians keep out the iter
 Goal: learn + sync <= 35% of an iteration, as in a balanced RL system where generation and scoring dominate.
 
 The same iterations also run with `--norun_duplicates_once`, one run after the other, so that what running a
-group's repeated completions once saves is measured side by side. Both runs sample the same completions, since
-they start from the same weights and seed and the update is the same up to rounding.
+group's repeated completions once saves is measured side by side. Both runs start from the same weights and seed,
+and their updates differ only by rounding, so they sample the same completions until that rounding flips a token.
 """
 
 from __future__ import annotations
