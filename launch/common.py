@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import pathlib
 from typing import Any, Callable, Sequence
 
@@ -166,9 +167,23 @@ def tiny_conductor_config(vocab_size: int, layers: int, width: int) -> dict[str,
     }
 
 
+JAX_ALLOCATOR_VARIABLES = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
+def share_gpu_with_torch_generator() -> None:
+    """With the torch generator on a GPU, JAX allocates on demand instead of reserving 75% of the GPU's memory when
+    its backend starts, which would leave the generator's weights and KV cache a quarter. Takes effect only before
+    JAX's first computation (`load_conductor` is the launchers' first), and never overrides the user's own setting
+    of JAX's allocator."""
+    on_gpu = _GENERATOR.value == "torch" and _GENERATOR_DEVICE.value.startswith("cuda")
+    if on_gpu and not any(name in os.environ for name in JAX_ALLOCATOR_VARIABLES):
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+
+
 def load_conductor(out_dir: pathlib.Path, spec: str | None = None) -> tuple[Transformer, Any, pathlib.Path]:
     """(Flax model, tokenizer, HF directory the generator loads). A 'tiny' Conductor is initialised from the seed and
     written to `out_dir` (with SmolLM2's tokenizer) so the generator starts from the same weights."""
+    share_gpu_with_torch_generator()
     spec = spec or _CONDUCTOR.value
     dtype, param_dtype = _dtype(_DTYPE.value), _dtype(_PARAM_DTYPE.value)
     if spec == "tiny":

@@ -7,6 +7,9 @@ Goal: learn + sync <= 35% of an iteration, as in a balanced RL system where gene
 The same iterations also run with `--norun_duplicates_once`, one run after the other, so that what running a
 group's repeated completions once saves is measured side by side. Both runs start from the same weights and seed,
 and their updates differ only by rounding, so they sample the same completions until that rounding flips a token.
+
+Where torch sees a CUDA GPU, the torch generator runs on it (`--generator_device=cuda`), beside the learner on JAX's
+default device, and the in-process weight sync hands the learner's arrays over as DLPack views.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+import torch
+
 from launch.benchmarks.common import Report
 from rl.metrics import read_metrics
 
@@ -24,6 +29,10 @@ ITERATIONS = 6
 PHASES = ("generate", "score", "learn", "sync")
 GOAL_LEARN_SYNC_SHARE = 0.35
 BASELINE_FLAGS = ("--norun_duplicates_once",)
+
+
+def _generator_flags() -> tuple[str, ...]:
+    return ("--generator_device=cuda",) if torch.cuda.is_available() else ()
 
 
 def _medians(extra_flags: tuple[str, ...]) -> dict[str, float]:
@@ -35,14 +44,17 @@ def _medians(extra_flags: tuple[str, ...]) -> dict[str, float]:
             sys.executable, "-m", "launch.train", "--flagfile=launch/configs/quickstart.cfg",
             f"--logdir={logdir}", f"--iterations={ITERATIONS}", f"--checkpoint_every={ITERATIONS}", *extra_flags,
         ]
-        subprocess.run(command, cwd=repo, check=True, capture_output=True, text=True)
+        result = subprocess.run(command, cwd=repo, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} exited with {result.returncode}:\n{result.stderr[-4000:]}")
         timed = read_metrics(logdir)[1:]
     medians = {name: statistics.median(r[f"time/{name}"] for r in timed) for name in (*PHASES, "iteration")}
     return medians | {"model_rows": statistics.median(r["learner/model_rows"] for r in timed), "timed": len(timed)}
 
 
 def run() -> Report:
-    shipped, baseline = _medians(()), _medians(BASELINE_FLAGS)
+    generator_flags = _generator_flags()
+    shipped, baseline = _medians(generator_flags), _medians(generator_flags + BASELINE_FLAGS)
 
     def shares(medians):
         return {phase: medians[phase] / medians["iteration"] for phase in PHASES}
@@ -58,6 +70,7 @@ def run() -> Report:
         rows=rows,
         figures={
             "config": "launch/configs/quickstart.cfg",
+            "generator_device": "cuda" if generator_flags else "cpu",
             "iterations_timed": shipped["timed"],
             "seconds_per_iteration": shipped["iteration"],
             **{f"{phase}_share": share for phase, share in shipped_shares.items()},

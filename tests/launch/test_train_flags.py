@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from absl.testing import flagsaver
 
@@ -56,3 +58,24 @@ def test_share_prompts_reaches_the_learner_and_the_warm_start():
     with flagsaver.flagsaver(share_prompts=False):
         assert not train.learner_config(32, 64).share_prompts
         assert not sft.sft_config(world, 10, 0).share_prompts
+
+
+@pytest.mark.parametrize(
+    ("generator_flags", "user_setting", "expected"),
+    [
+        ({"generator_device": "cuda"}, {}, "false"),
+        ({"generator_device": "cuda:1"}, {}, "false"),
+        ({"generator_device": "cpu"}, {}, None),
+        ({"generator": "sglang", "generator_device": "cuda"}, {}, None),
+        ({"generator_device": "cuda"}, {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}, None),
+        ({"generator_device": "cuda"}, {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}, "true"),
+    ],
+)
+def test_jax_leaves_the_gpu_to_a_torch_generator_beside_it(monkeypatch, generator_flags, user_setting, expected):
+    for name in common.JAX_ALLOCATOR_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in user_setting.items():
+        monkeypatch.setenv(name, value)
+    with flagsaver.flagsaver(**generator_flags):
+        common.share_gpu_with_torch_generator()
+    assert os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") == expected
