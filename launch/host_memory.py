@@ -8,7 +8,13 @@ threads. Their per-thread arenas hold at most 64 MB, so three settings are neede
 - one arena (`arena_max`), so that every thread allocates from the main heap;
 - no `mmap` for blocks below the threshold (`mmap_threshold`), so that they come from that heap;
 - no trimming of the heap's top (`trim_threshold`), so that freed blocks stay mapped for the next call.
-The price is a resident size that stays near its peak. Set `RETAIN_HOST_MEMORY=0` to keep glibc's defaults.
+The price is a resident size that stays near its peak.
+
+Only where JAX computes on the host CPU: `JAX_PLATFORMS` names `cpu` first, or, with `JAX_PLATFORMS` unset, no GPU or
+TPU device node is visible. On a GPU host, XLA:GPU's temporary buffers live on the GPU, and the settings slow the
+compiler down, most likely because the one arena serialises its many threads: on a 16-core H200 host, a tiny
+model's first update (its compile) took 7.5-10.1 s with glibc's defaults and did not finish in 46 s with them
+(BUILD_NOTES.md, issue 6). `RETAIN_HOST_MEMORY=1` applies them anyway, `RETAIN_HOST_MEMORY=0` never.
 
 Two ways to apply them, because glibc reads its tunables only when a process starts:
 - `retain_freed_memory(restart=True)`, in an entry point run as `__main__`: the process restarts itself once (same
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import glob
 import os
 import sys
 
@@ -37,21 +44,36 @@ TUNABLES = (
     f"glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold={_TUNABLE_THRESHOLD}"
     f":glibc.malloc.trim_threshold={_TUNABLE_THRESHOLD}"
 )
-OPT_OUT_VARIABLE = "RETAIN_HOST_MEMORY"
+SETTING_VARIABLE = "RETAIN_HOST_MEMORY"
+# NVIDIA GPUs, TPUs (v4 through the accel driver, v5 and later through VFIO) and AMD GPUs (ROCm's kernel driver).
+ACCELERATOR_DEVICE_PATTERNS = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/vfio/[0-9]*", "/dev/kfd")
 RESTARTED_VARIABLE = "CONDUCTOR_RL_RESTARTED_WITH_TUNABLES"
 
 _started_with_tunables = False
 
 
 def requested() -> bool:
-    """Whether this process (and the entry points it starts) retain freed memory: unless `RETAIN_HOST_MEMORY=0`."""
-    return os.environ.get(OPT_OUT_VARIABLE, "1") != "0"
+    """Whether this process (and the entry points it starts) retain freed memory: as `RETAIN_HOST_MEMORY` says (`0`
+    or `1`), else when JAX will compute on the host CPU."""
+    setting = os.environ.get(SETTING_VARIABLE)
+    if setting is not None:
+        return setting != "0"
+    return jax_computes_on_cpu()
+
+
+def jax_computes_on_cpu() -> bool:
+    """Decided before JAX starts (its backend would take the accelerator): `JAX_PLATFORMS`' first platform when it
+    is set, else whether no accelerator device node exists."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        return platforms.split(",")[0].strip() == "cpu"
+    return not any(glob.glob(pattern) for pattern in ACCELERATOR_DEVICE_PATTERNS)
 
 
 def retain_freed_memory(*, restart: bool = False) -> bool:
     """Applies the three glibc malloc settings above: with `restart`, by restarting this process with `GLIBC_TUNABLES`
     (the call does not return then), else with `mallopt`. Returns whether they took effect: False when
-    `RETAIN_HOST_MEMORY=0` or when the C library is not glibc."""
+    not `requested()` or when the C library is not glibc."""
     global _started_with_tunables
     if _started_with_tunables:
         return True  # mallopt now would lower the thresholds to 2 GiB

@@ -42,10 +42,10 @@ glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ve
 
 def _reused_block(size: int, *, restart: bool = False, opt_out: bool = False, tunables: str | None = None) -> dict:
     env = dict(os.environ)
-    for name in (host_memory.OPT_OUT_VARIABLE, host_memory.RESTARTED_VARIABLE, "GLIBC_TUNABLES"):
+    for name in (host_memory.SETTING_VARIABLE, host_memory.RESTARTED_VARIABLE, "GLIBC_TUNABLES"):
         env.pop(name, None)
     if opt_out:
-        env[host_memory.OPT_OUT_VARIABLE] = "0"
+        env[host_memory.SETTING_VARIABLE] = "0"
     if tunables is not None:
         env["GLIBC_TUNABLES"] = tunables
     mode = "restart" if restart else "in-process"
@@ -93,6 +93,33 @@ def test_a_users_own_glibc_tunables_are_kept_and_the_opt_out_never_restarts():
 
 
 def test_the_opt_out_variable_leaves_malloc_alone(monkeypatch):
-    monkeypatch.setenv(host_memory.OPT_OUT_VARIABLE, "0")
+    monkeypatch.setenv(host_memory.SETTING_VARIABLE, "0")
     assert host_memory.retain_freed_memory() is False
     assert host_memory.retain_freed_memory(restart=True) is False
+
+
+@pytest.mark.parametrize(
+    ("setting", "jax_platforms", "device_node", "expected"),
+    [
+        (None, None, False, True),
+        (None, None, True, False),
+        (None, "cpu", True, True),
+        (None, "cuda", False, False),
+        (None, "tpu,cpu", False, False),
+        ("1", None, True, True),
+        ("0", "cpu", False, False),
+    ],
+)
+def test_freed_memory_is_retained_only_where_jax_computes_on_the_cpu_unless_the_user_says(
+    monkeypatch, tmp_path, setting, jax_platforms, device_node, expected
+):
+    for name, value in ((host_memory.SETTING_VARIABLE, setting), ("JAX_PLATFORMS", jax_platforms)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    (tmp_path / "other").touch()
+    if device_node:
+        (tmp_path / "nvidia0").touch()
+    monkeypatch.setattr(host_memory, "ACCELERATOR_DEVICE_PATTERNS", (str(tmp_path / "nvidia[0-9]*"),))
+    assert host_memory.requested() is expected
