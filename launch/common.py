@@ -167,7 +167,11 @@ def tiny_conductor_config(vocab_size: int, layers: int, width: int) -> dict[str,
     }
 
 
-JAX_ALLOCATOR_VARIABLES = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR")
+JAX_ALLOCATOR_VARIABLES = (
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+)
 
 
 def share_gpu_with_torch_generator() -> None:
