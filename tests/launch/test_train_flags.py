@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 import pytest
 from absl.testing import flagsaver
@@ -71,11 +72,13 @@ def test_share_prompts_reaches_the_learner_and_the_warm_start():
         ({"generator_device": "cuda"}, {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}, "true"),
     ],
 )
-def test_jax_leaves_the_gpu_to_a_torch_generator_beside_it(monkeypatch, generator_flags, user_setting, expected):
-    for name in common.JAX_ALLOCATOR_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in user_setting.items():
-        monkeypatch.setenv(name, value)
-    with flagsaver.flagsaver(**generator_flags):
+def test_jax_leaves_the_gpu_to_a_torch_generator_beside_it(generator_flags, user_setting, expected):
+    # patch.dict restores the whole environment afterwards, the variable the function sets included, so the setting
+    # does not leak into later tests.
+    with mock.patch.dict(os.environ), flagsaver.flagsaver(**generator_flags):
+        for name in common.JAX_ALLOCATOR_VARIABLES:
+            os.environ.pop(name, None)
+        os.environ.update(user_setting)
         common.share_gpu_with_torch_generator()
-    assert os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") == expected
+        preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE")
+    assert preallocate == expected
