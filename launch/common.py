@@ -98,8 +98,8 @@ _WORKER_TEMPERATURE = flags.DEFINE_float("worker_temperature", 0.2, "Sampling te
 _CACHE = flags.DEFINE_string("cache", None, "SQLite response cache path (none: no cache).")
 _EXPECTED_GRADES = flags.DEFINE_boolean(
     "expected_grades", False,
-    "Grade a synthetic or replay worker's final answer by its probability of being right (a replay worker's recorded "
-    "fraction correct) instead of a 0/1 draw: same expected reward and accuracy, no draw variance.",
+    "Grade a synthetic or replay worker's final answer by its probability of being right (for a replay worker, what "
+    "its recorded outcome says) instead of a 0/1 draw: same expected reward and accuracy, no draw variance.",
 )
 
 # -- the reward ---------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import time
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pyarrow
 import pyarrow.parquet
 import pytest
@@ -227,17 +228,45 @@ def test_all_164_humaneval_canonical_solutions_pass_and_none_bodies_fail():
 # ------------------------------------------------------------------------------------------------------ RouterDC
 
 
-def test_routerdc_tasks_carry_opaque_gold_and_the_recorded_scores():
-    records = json.loads((ROUTERDC / "mmlu_test.json").read_text())
-    tasks = load("routerdc/mmlu_test")
-    assert len(tasks) == len(records) == 4213
-    for index in (0, 1234, 4212):
+def test_routerdc_tasks_carry_opaque_gold_and_the_recorded_outcomes():
+    records = json.loads((ROUTERDC / "gsm8k-test.json").read_text())
+    tasks = load("routerdc/gsm8k-test")
+    assert len(tasks) == len(records) == 1319
+    for index in (0, 654, 1318):
         task = tasks[index]
-        assert task.id == f"routerdc/mmlu_test/{index}" and task.gold == f"routerdc:mmlu_test:{index}"
-        assert task.domain == "mmlu"
+        assert task.id == f"routerdc/gsm8k-test/{index}" and task.gold == f"routerdc:gsm8k-test:{index}"
+        assert task.domain == "gsm8k"
         assert task.metadata["scores"] == records[index]["scores"]
         assert task.question.startswith(records[index]["question"].strip())
     assert_reference_and_wrong_responses_grade_one_and_zero(tasks[:50])
+
+
+def test_a_multiple_choice_score_is_read_as_right_or_wrong_not_as_a_probability():
+    records = json.loads((ROUTERDC / "mmlu_test.json").read_text())
+    tasks = load("routerdc/mmlu_test")
+    assert len(tasks) == len(records) == 4213
+    for task, record in zip(tasks, records):
+        assert task.metadata["scores"] == {model: float(score > 0) for model, score in record["scores"].items()}
+    low_confidence = [(t, r) for t, r in zip(tasks, records) if 0 < r["scores"]["mistralai/Mistral-7B-v0.1"] < 0.4]
+    assert low_confidence and all(t.metadata["scores"]["mistralai/Mistral-7B-v0.1"] == 1.0 for t, _ in low_confidence)
+    accuracy = np.mean([t.metadata["scores"]["meta-llama/Meta-Llama-3-8B"] for t in tasks])
+    assert accuracy == pytest.approx(2721 / 4213)  # 64.59%; the mean recorded score is 49.45%
+
+
+@pytest.mark.parametrize("stem", ["mmlu_test", "cmmlu_train", "ceval"])
+def test_four_option_files_record_a_positive_score_only_for_an_option_ranked_first(stem):
+    """Why the reading above holds: a recorded score is the right option's probability among 4 when the model's
+    answer was right, so it is never under 1/4; a fraction of sampled answers would be."""
+    scores = np.array([s for r in json.loads((ROUTERDC / f"{stem}.json").read_text()) for s in r["scores"].values()])
+    assert scores[scores > 0].min() >= 0.25 - 1e-9
+    assert 0.3 < np.mean(scores > 0) < 0.7
+
+
+@pytest.mark.parametrize("stem", ["gsm8k-train", "humaneval_test", "mbpp"])
+def test_generated_answer_files_record_the_fraction_of_ten_sampled_answers_that_were_right(stem):
+    scores = np.array([s for r in json.loads((ROUTERDC / f"{stem}.json").read_text()) for s in r["scores"].values()])
+    assert np.allclose(scores * 10, np.round(scores * 10))
+    assert np.mean((scores > 0) & (scores < 1)) > 0.2
 
 
 def test_routerdc_families_drop_the_split_suffix():
@@ -263,6 +292,8 @@ def test_routerdc_path_and_errors(tmp_path, monkeypatch):
     (tmp_path / "routerdc" / "bad.json").write_text(json.dumps([{"question": "Q"}]))
     with pytest.raises(ValueError, match="record 0 lacks"):
         load("routerdc/bad")
+    (tmp_path / "routerdc" / "mmlu_test.json").write_text(json.dumps([{"question": "Q", "scores": {"m1": 0.3, "m2": 0}}]))
+    assert load("routerdc/mmlu_test")[0].metadata["scores"] == {"m1": 1.0, "m2": 0.0}
 
 
 # ----------------------------------------------------------------------------------------------------- synthetic

@@ -85,10 +85,11 @@ def test_replay_world_reproduces_the_recorded_reference_points():
     mmlu = [t for t in world.tasks if t.domain == "mmlu"]
     gsm8k = [t for t in world.tasks if t.domain == "gsm8k"]
     assert (len(mmlu), len(gsm8k)) == (4213, 1319)
-    # the figures in ../shared/data/routerdc/README.md
+    # ../shared/data/routerdc/README.md gives 55.0 / 72.7 (zephyr) for MMLU: the mean recorded score, which on a
+    # multiple-choice file is a confidence; graded right or wrong as the files were written (env.tasks.routerdc):
     points = replay_reference_points(mmlu)
-    assert points["best_single_model"] == "HuggingFaceH4/zephyr-7b-beta"
-    assert round(100 * points["best_single"], 1) == 55.0 and round(100 * points["oracle"], 1) == 72.7
+    assert points["best_single_model"] == "meta-llama/Meta-Llama-3-8B"
+    assert round(100 * points["best_single"], 2) == 64.59 and round(100 * points["oracle"], 2) == 85.26
     points = replay_reference_points(gsm8k)
     assert points["best_single_model"] == "cognitivecomputations/dolphin-2.9-llama3-8b"
     assert round(100 * points["best_single"], 1) == 69.8 and round(100 * points["oracle"], 1) == 83.3
