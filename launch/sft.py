@@ -62,6 +62,11 @@ _DOMAIN_PROBE_WEIGHT = flags.DEFINE_float(
     "Weight of a discarded linear probe's domain cross-entropy at the first worker-id decision (0: no probe).",
     lower_bound=0.0,
 )
+_WORLD_WEIGHTS = flags.DEFINE_enum(
+    "sft_world_weights", "grade", ["grade", "advantage"],
+    "How the world teacher weights a route: by its grade, or by how far its grade exceeds the mean grade of the "
+    "question's routes (routes at or under the mean get 0).",
+)
 _OUT = flags.DEFINE_string("sft_out", "runs/sft/conductor", "Where the warm-started Conductor is written (HF dir).")
 
 log = logging.getLogger(__name__)
@@ -138,17 +143,18 @@ def rollout_examples(world: common.EnvWorld, path: str, min_reward: float, probe
 
 
 def world_examples(world: common.EnvWorld, count: int, rng: random.Random, probe: bool = False) -> list[Example]:
-    """About `count` template workflows, executed and graded in the world, each weighted by its grade.
+    """About `count` template workflows, executed and graded in the world, each weighted by its grade
+    (`--sft_world_weights`, `route_weights`).
 
     Questions come from `rl.loop.question_order` (the task domains in turn with `--stratify_questions`, so a small
     task file is not drowned by a large one); each gets one random template, run once with every pool worker as its
     final (answering) step, so every route's grade on the question is seen (a full-information sample of the routing
-    decision). A weighted example counts as that many copies (rl/sft.py), so with 0/1 grades this keeps the right
-    workflows (rejection sampling) and with `--expected_grades` it is reward-weighted regression: either way the
-    student learns to route each question in proportion to each worker's chance of answering it, and greedy
-    decoding picks the likeliest. A question's routes are consecutive examples, weight 0 included, so the trainer
-    keeps them in one batch and encodes their prompt once (a batch of a multiple of the pool size holds whole
-    questions).
+    decision). A weighted example counts as that many copies (rl/sft.py), so with grade weights and 0/1 grades this
+    keeps the right workflows (rejection sampling) and with `--expected_grades` it is reward-weighted regression:
+    either way the student learns to route each question in proportion to each worker's chance of answering it, and
+    greedy decoding picks the likeliest. A question's routes are consecutive examples, weight 0 included, so the
+    trainer keeps them in one batch and encodes their prompt once (a batch of a multiple of the pool size holds
+    whole questions).
     """
     pool_size = len(world.env.world.pool)
     access_mode = world.env.config.access_mode
@@ -163,12 +169,35 @@ def world_examples(world: common.EnvWorld, count: int, rng: random.Random, probe
             questions.append(question)
             completions.append(completion_ids(world.tokenizer, text))
     rollouts = world.score(questions, completions, [None] * len(questions), range(len(questions)))
-    if not any(rollout.metrics["correct"] > 0 for rollout in rollouts):
-        raise ValueError("no template workflow earned a grade above 0 in this world")
-    return [
-        dataclasses.replace(make_example(world, question, ids, labels), weight=rollout.metrics["correct"])
-        for question, ids, rollout in zip(questions, completions, rollouts)
+    grades = [rollout.metrics["correct"] for rollout in rollouts]
+    weights = [
+        weight
+        for start in range(0, len(grades), pool_size)
+        for weight in route_weights(grades[start : start + pool_size], _WORLD_WEIGHTS.value)
     ]
+    if not any(weight > 0 for weight in weights):
+        raise ValueError(f"no template workflow earned a {_WORLD_WEIGHTS.value} weight above 0 in this world")
+    return [
+        dataclasses.replace(make_example(world, question, ids, labels), weight=weight)
+        for question, ids, weight in zip(questions, completions, weights)
+    ]
+
+
+def route_weights(grades: Sequence[float], mode: str) -> list[float]:
+    """The world teacher's weights of one question's routes, from their grades.
+
+    "grade" makes the weighted likelihood reward-weighted regression: the student routes a family's questions in
+    proportion to each worker's mean grade, so when the workers of a family are close (MMLU: 0.60-0.66) the best
+    leads by a log-probability of only ~0.04. "advantage" subtracts the question's mean grade and drops what is left
+    under 0, the positive part of a baseline-subtracted reward: a question every worker answers alike then teaches
+    nothing about routing, and the best worker's lead on the RouterDC train files grows 1.5-7x (BUILD_NOTES.md).
+    """
+    if mode == "grade":
+        return list(grades)
+    if mode == "advantage":
+        mean = sum(grades) / len(grades)
+        return [max(grade - mean, 0.0) for grade in grades]
+    raise ValueError(f"unknown route weighting {mode!r}; expected 'grade' or 'advantage'")
 
 
 def format_validity(generator: Any, world: common.EnvWorld, questions: Sequence[int], samples: int,

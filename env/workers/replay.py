@@ -54,7 +54,9 @@ class ReplayWorker(SimulatedWorker):
 
     @property
     def cache_model(self) -> str:
-        return f"{self.model} [replay, {self.answer_model}]"
+        # The reply follows the recorded outcome, which is not in the prompt; naming how outcomes are read keeps
+        # replies cached before multiple-choice scores were read as right/wrong (commit c47d110) from being reused.
+        return f"{self.model} [replay, multiple choice right/wrong, {self.answer_model}]"
 
     def skill(self, task: "Task") -> float:
         scores = task.metadata.get("scores")

@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from absl.testing import flagsaver
 from flax import nnx
@@ -130,6 +131,29 @@ def test_world_examples_with_drawn_grades_weight_the_right_answers_only():
     assert len(examples) == len(tried)
     right = sum(e.weight for e in examples)
     assert right / len(examples) == pytest.approx(sum(tried) / len(tried), abs=0.15)
+
+
+def test_route_weights_by_grade_or_by_the_positive_part_of_the_grade_over_the_question_mean():
+    assert sft.route_weights([1.0, 0.0, 1.0, 1.0], "grade") == [1.0, 0.0, 1.0, 1.0]
+    assert sft.route_weights([1.0, 0.0, 1.0, 1.0], "advantage") == pytest.approx([0.25, 0.0, 0.25, 0.25])
+    assert sft.route_weights([0.2, 0.8, 0.5], "advantage") == pytest.approx([0.0, 0.3, 0.0])
+    assert sft.route_weights([1.0, 1.0, 1.0], "advantage") == [0.0, 0.0, 0.0]  # nothing to learn about routing
+    with pytest.raises(ValueError, match="unknown route weighting"):
+        sft.route_weights([1.0], "rank")
+
+
+def test_advantage_weighted_world_examples_weight_each_route_by_its_lead_over_the_question_mean():
+    world = _replay_world(expected_grades=True)
+    with flagsaver.flagsaver(sft_templates=["single"], sft_world_weights="advantage"):
+        examples = sft.world_examples(world, 6 * len(ROUTERDC_MODELS), random.Random(3))
+    for question in {_route(world, e)[0] for e in examples}:
+        scores = world.tasks[question].metadata["scores"]
+        mean = np.mean([scores[model] for model in ROUTERDC_MODELS])
+        for example in examples:
+            if _route(world, example)[0] == question:
+                lead = scores[ROUTERDC_MODELS[_route(world, example)[1]]] - mean
+                assert example.weight == pytest.approx(max(lead, 0.0), abs=1e-6)
+    assert any(e.weight > 0 for e in examples) and any(e.weight == 0 for e in examples)
 
 
 def test_stratified_world_examples_draw_the_task_domains_equally():
