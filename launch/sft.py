@@ -187,10 +187,10 @@ def route_weights(grades: Sequence[float], mode: str) -> list[float]:
     """The world teacher's weights of one question's routes, from their grades.
 
     "grade" makes the weighted likelihood reward-weighted regression: the student routes a family's questions in
-    proportion to each worker's mean grade, so when the workers of a family are close (MMLU: 0.60-0.66) the best
+    proportion to each worker's mean grade, so when the workers of a family are close (MMLU: 0.57-0.66) the best
     leads by a log-probability of only ~0.04. "advantage" subtracts the question's mean grade and drops what is left
     under 0, the positive part of a baseline-subtracted reward: a question every worker answers alike then teaches
-    nothing about routing, and the best worker's lead on the RouterDC train files grows 1.5-7x (BUILD_NOTES.md).
+    nothing about routing, and the best worker's lead on the RouterDC train files grows 2.5-7.5x (BUILD_NOTES.md).
     """
     if mode == "grade":
         return list(grades)
