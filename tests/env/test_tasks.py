@@ -292,7 +292,8 @@ def test_routerdc_path_and_errors(tmp_path, monkeypatch):
     (tmp_path / "routerdc" / "bad.json").write_text(json.dumps([{"question": "Q"}]))
     with pytest.raises(ValueError, match="record 0 lacks"):
         load("routerdc/bad")
-    (tmp_path / "routerdc" / "mmlu_test.json").write_text(json.dumps([{"question": "Q", "scores": {"m1": 0.3, "m2": 0}}]))
+    multiple_choice = [{"question": "Q", "scores": {"m1": 0.3, "m2": 0}}]
+    (tmp_path / "routerdc" / "mmlu_test.json").write_text(json.dumps(multiple_choice))
     assert load("routerdc/mmlu_test")[0].metadata["scores"] == {"m1": 1.0, "m2": 0.0}
 
 
