@@ -146,13 +146,11 @@ def test_advantage_weighted_world_examples_weight_each_route_by_its_lead_over_th
     world = _replay_world(expected_grades=True)
     with flagsaver.flagsaver(sft_templates=["single"], sft_world_weights="advantage"):
         examples = sft.world_examples(world, 6 * len(ROUTERDC_MODELS), random.Random(3))
-    for question in {_route(world, e)[0] for e in examples}:
+    for example in examples:
+        question, worker = _route(world, example)
         scores = world.tasks[question].metadata["scores"]
-        mean = np.mean([scores[model] for model in ROUTERDC_MODELS])
-        for example in examples:
-            if _route(world, example)[0] == question:
-                lead = scores[ROUTERDC_MODELS[_route(world, example)[1]]] - mean
-                assert example.weight == pytest.approx(max(lead, 0.0), abs=1e-6)
+        lead = scores[ROUTERDC_MODELS[worker]] - np.mean([scores[model] for model in ROUTERDC_MODELS])
+        assert example.weight == pytest.approx(max(lead, 0.0), abs=1e-6)
     assert any(e.weight > 0 for e in examples) and any(e.weight == 0 for e in examples)
 
 
