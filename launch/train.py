@@ -37,6 +37,11 @@ from rl.metrics import MetricsWriter, first_and_last_fifth
 # -- what researchers ablate -----------------------------------------------------------------------------------------
 _ESTIMATOR = flags.DEFINE_enum("estimator", "grpo", sorted(ESTIMATORS), "Advantage estimator.")
 _STD_SCALING = flags.DEFINE_enum("std_scaling", "group", ["group", "batch", "none"], "grpo's std scaling.")
+_WHITEN = flags.DEFINE_enum(
+    "whiten", "token", ["token", "sequence"],
+    "reinforce_pp(_baseline)'s batch whitening: over tokens (verl, OpenRLHF; long completions weigh more) or over "
+    "completions.",
+)
 _POLICY_LOSS = flags.DEFINE_enum("policy_loss", "ppo", ["ppo", "gspo", "cispo"], "Policy loss.")
 _AGGREGATION = flags.DEFINE_enum(
     "aggregation", "seq-mean-token-mean",
@@ -99,6 +104,15 @@ _RESUME = flags.DEFINE_boolean("resume", True, "Resume from the latest checkpoin
 _EVAL_TASKS = flags.DEFINE_list("eval_tasks", [], "Held-out task files evaluated after training (greedy).")
 
 log = logging.getLogger(__name__)
+
+
+def estimator_options() -> dict[str, str]:
+    """The chosen estimator's own options from their flags (an estimator takes only its own)."""
+    if _ESTIMATOR.value == "grpo":
+        return {"std_scaling": _STD_SCALING.value}
+    if _ESTIMATOR.value in ("reinforce_pp", "reinforce_pp_baseline"):
+        return {"whiten": _WHITEN.value}
+    return {}
 
 
 def learner_config(num_completions: int, max_completion_tokens: int) -> LearnerConfig:
@@ -168,7 +182,7 @@ def main(argv: list[str]) -> None:
         questions_per_step=_QUESTIONS.value,
         group_size=_GROUP.value,
         estimator=_ESTIMATOR.value,
-        estimator_options={"std_scaling": _STD_SCALING.value} if _ESTIMATOR.value == "grpo" else {},
+        estimator_options=estimator_options(),
         dynamic_sampling=_DYNAMIC_SAMPLING.value,
         stratify_questions=common.stratify_questions(),
         recursion=env.config.recursion_rounds > 0,

@@ -5,7 +5,8 @@ the same prompt share a group id. Each estimator is a plain numpy function regis
 is one function and one registry line. `compute` is the single entry point the training loop uses.
 
 Estimators that need completion lengths declare a keyword-only `lengths` parameter; `compute` passes lengths only
-to those.
+to those, and requires them unless the parameter defaults to None (the REINFORCE++ estimators need them only to
+whiten per token).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable, Literal
 import numpy as np
 
 StdScaling = Literal["group", "batch", "none"]
+Whitening = Literal["token", "sequence"]
 
 
 def _group_index(group_ids: np.ndarray) -> tuple[np.ndarray, int]:
@@ -39,9 +41,26 @@ def _group_std(values: np.ndarray, index: np.ndarray, num_groups: int) -> np.nda
     return np.sqrt(variance)[index]
 
 
-def _whiten(values: np.ndarray, eps: float) -> np.ndarray:
-    std = values.std(ddof=1) if values.size > 1 else 0.0
-    return (values - values.mean()) / (std + eps)
+def _whiten(values: np.ndarray, whiten: Whitening, lengths: np.ndarray | None, eps: float) -> np.ndarray:
+    """(v_i - mu) / sqrt(var + eps) with mu and the unbiased var weighted by w_i: each completion's tokens, or 1.
+
+    mu = sum_i w_i v_i / W, var = sum_i w_i (v_i - mu)^2 / (W - 1), W = sum_i w_i: with w_i = l_i this is verl's
+    `masked_whiten` over the response mask of a batch whose tokens all carry their completion's value.
+    """
+    if whiten == "token":
+        if lengths is None:
+            raise ValueError("whiten='token' needs completion lengths")
+        if np.any(lengths < 0) or lengths.sum() <= 0:
+            raise ValueError("whiten='token' needs non-negative completion lengths with a positive total")
+        weights = lengths
+    elif whiten == "sequence":
+        weights = np.ones_like(values)
+    else:
+        raise ValueError(f"whiten must be 'token' or 'sequence', got {whiten!r}")
+    total = weights.sum()
+    mean = np.sum(weights * values) / total
+    variance = np.sum(weights * (values - mean) ** 2) / max(total - 1, 1)  # a lone sample is centred to 0 anyway
+    return (values - mean) / np.sqrt(variance + eps)
 
 
 def grpo(rewards: np.ndarray, group_ids: np.ndarray, *, std_scaling: StdScaling = "group", eps: float = 1e-4):
@@ -80,15 +99,41 @@ def rloo(rewards: np.ndarray, group_ids: np.ndarray):
     return np.where(counts > 1, rewards - leave_one_out, 0.0)
 
 
-def reinforce_pp(rewards: np.ndarray, group_ids: np.ndarray, *, eps: float = 1e-8):
-    """REINFORCE++ (Hu 2025) for outcome rewards: rewards whitened over the whole batch (groups ignored)."""
+def reinforce_pp(
+    rewards: np.ndarray,
+    group_ids: np.ndarray,
+    *,
+    lengths: np.ndarray | None = None,
+    whiten: Whitening = "token",
+    eps: float = 1e-8,
+):
+    """REINFORCE++ (Hu 2025) for outcome rewards: rewards whitened over the whole batch (groups ignored).
+
+    A_i = (r_i - mu) / sqrt(var + eps). `whiten="token"` (the default, as verl and OpenRLHF do) counts every
+    completion token once, so long completions weigh more: mu = sum_i l_i r_i / L and
+    var = sum_i l_i (r_i - mu)^2 / (L - 1) over completion lengths l_i, L = sum_i l_i (verl's unbiased correction).
+    `whiten="sequence"` counts every completion once: mu = mean_i r_i, var = sum_i (r_i - mu)^2 / (N - 1).
+    """
     del group_ids  # a global baseline: the batch statistics replace per-prompt groups
-    return _whiten(rewards, eps)
+    return _whiten(rewards, whiten, lengths, eps)
 
 
-def reinforce_pp_baseline(rewards: np.ndarray, group_ids: np.ndarray, *, eps: float = 1e-8):
-    """REINFORCE++ with baseline: the group mean is removed first, then the result is whitened over the batch."""
-    return _whiten(dr_grpo(rewards, group_ids), eps)
+def reinforce_pp_baseline(
+    rewards: np.ndarray,
+    group_ids: np.ndarray,
+    *,
+    lengths: np.ndarray | None = None,
+    whiten: Whitening = "token",
+    eps: float = 1e-8,
+):
+    """REINFORCE++ with baseline: the group mean is removed first, then the result is whitened over the batch.
+
+    c_i = r_i - mean_{j in g(i)} r_j (0 for a group of one, where verl keeps r_i), then
+    A_i = (c_i - mu) / sqrt(var + eps), with mu and var of the c_i weighted per token (`whiten="token"`, the
+    default: mu = sum_i l_i c_i / L, var = sum_i l_i (c_i - mu)^2 / (L - 1), L = sum_i l_i) or per completion
+    (`whiten="sequence"`: mu = mean_i c_i, var = sum_i (c_i - mu)^2 / (N - 1)), as in `reinforce_pp`.
+    """
+    return _whiten(dr_grpo(rewards, group_ids), whiten, lengths, eps)
 
 
 def opo(rewards: np.ndarray, group_ids: np.ndarray, *, lengths: np.ndarray):
@@ -139,7 +184,8 @@ def compute(
     if not np.all(np.isfinite(rewards)):
         raise ValueError("rewards must be finite")
     estimator = ESTIMATORS[name]
-    if "lengths" in inspect.signature(estimator).parameters:
+    lengths_parameter = inspect.signature(estimator).parameters.get("lengths")
+    if lengths_parameter is not None and (lengths is not None or lengths_parameter.default is inspect.Parameter.empty):
         if lengths is None:
             raise ValueError(f"estimator {name!r} needs completion lengths")
         lengths = np.asarray(lengths, dtype=np.float64)

@@ -41,6 +41,16 @@ def test_old_logprobs_flag_reaches_the_learner_config():
             train.learner_config(32, 64)
 
 
+def test_estimator_option_flags_reach_only_their_estimator():
+    assert train.estimator_options() == {"std_scaling": "group"}
+    with flagsaver.flagsaver(estimator="reinforce_pp"):
+        assert train.estimator_options() == {"whiten": "token"}
+    with flagsaver.flagsaver(estimator="reinforce_pp_baseline", whiten="sequence", std_scaling="batch"):
+        assert train.estimator_options() == {"whiten": "sequence"}
+    with flagsaver.flagsaver(estimator="rloo", whiten="sequence"):
+        assert train.estimator_options() == {}
+
+
 def test_a_non_positive_adam_eps_is_rejected():
     with flagsaver.flagsaver(adam_eps=0.0), pytest.raises(ValueError, match="eps"):
         train.learner_config(num_completions=32, max_completion_tokens=64)

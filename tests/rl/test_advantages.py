@@ -55,20 +55,101 @@ def test_rloo_subtracts_mean_of_other_samples():
     np.testing.assert_allclose(advantages.compute("rloo", rewards, group_ids), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_reinforce_pp_whitens_over_batch():
-    rewards, group_ids, _ = _random_batch(3)
-    expected = (rewards - rewards.mean()) / (np.std(rewards, ddof=1) + 1e-8)
-    np.testing.assert_allclose(advantages.compute("reinforce_pp", rewards, group_ids), expected, rtol=1e-5)
+def _verl_masked_whiten(values, mask):
+    """numpy port of verl's `masked_whiten` (verl/utils/torch_functional.py): the mean and the variance over the
+    masked tokens, the variance times n / (n - 1) for n masked tokens (unbiased), then (v - mean) / sqrt(var + 1e-8).
+    """
+    count = mask.sum()
+    mean = (values * mask).sum() / count
+    variance = ((values - mean) ** 2 * mask).sum() / count * (count / (count - 1))
+    return (values - mean) / np.sqrt(variance + 1e-8)
 
 
-def test_reinforce_pp_baseline_removes_group_mean_then_whitens():
-    rewards, group_ids, _ = _random_batch(4)
+def _response_mask(lengths):
+    return (np.arange(int(lengths.max()))[None, :] < lengths[:, None]).astype(np.float64)
+
+
+def _per_completion(token_advantages, mask):
+    """The one advantage each completion's tokens share (checked equal over its tokens)."""
+    first = token_advantages[:, :1]
+    np.testing.assert_allclose(token_advantages * mask, first * mask, rtol=1e-12, atol=1e-12)
+    return first[:, 0]
+
+
+def _verl_reinforce_pp(rewards, mask):
+    """verl's compute_reinforce_plus_plus_outcome_advantage, gamma 1: the outcome reward on each completion's last
+    token, discounted returns summed backwards and reset after EOS, whitened over the response mask."""
+    token_rewards = np.zeros_like(mask)
+    token_rewards[np.arange(mask.shape[0]), mask.sum(axis=1).astype(int) - 1] = rewards
+    returns = np.zeros_like(mask)
+    running = np.zeros(mask.shape[0])
+    for t in reversed(range(mask.shape[1])):
+        running = token_rewards[:, t] + running
+        returns[:, t] = running
+        running = running * mask[:, t]
+    return _per_completion(_verl_masked_whiten(returns, mask) * mask, mask)
+
+
+def _verl_reinforce_pp_baseline(rewards, group_ids, mask):
+    """verl's compute_reinforce_plus_plus_baseline_outcome_advantage: the group mean removed, the score tiled over
+    the response, whitened over the response mask."""
+    scores = rewards.copy()
+    for idx in _members(group_ids):
+        scores[idx] -= rewards[idx].mean()
+    tiled = scores[:, None] * mask
+    return _per_completion(_verl_masked_whiten(tiled, mask) * mask, mask)
+
+
+def _batch_without_singletons(seed):
+    rewards, group_ids, lengths = _random_batch(seed)
+    sizes = {g: np.sum(group_ids == g) for g in np.unique(group_ids)}
+    keep = np.array([sizes[g] > 1 for g in group_ids])  # verl's baseline is 0 for a group of one, ours the reward
+    return rewards[keep], group_ids[keep], lengths[keep]
+
+
+@pytest.mark.parametrize("name", ["reinforce_pp", "reinforce_pp_baseline"])
+def test_reinforce_pp_token_whitening_matches_verl(name):
+    rewards, group_ids, lengths = _batch_without_singletons(3)
+    mask = _response_mask(lengths)
+    if name == "reinforce_pp":
+        expected = _verl_reinforce_pp(rewards, mask)
+    else:
+        expected = _verl_reinforce_pp_baseline(rewards, group_ids, mask)
+    got = advantages.compute(name, rewards, group_ids, lengths=lengths)  # per token is the default
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert np.abs(got - advantages.compute(name, rewards, group_ids, whiten="sequence")).max() > 0.05
+
+
+@pytest.mark.parametrize("name", ["reinforce_pp", "reinforce_pp_baseline"])
+def test_reinforce_pp_sequence_whitening_matches_verl_with_one_token_per_completion(name):
+    rewards, group_ids, lengths = _batch_without_singletons(4)
+    mask = np.ones((rewards.size, 1))
+    if name == "reinforce_pp":
+        expected = _verl_reinforce_pp(rewards, mask)
+    else:
+        expected = _verl_reinforce_pp_baseline(rewards, group_ids, mask)
+    got = advantages.compute(name, rewards, group_ids, lengths=lengths, whiten="sequence")
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_token_whitening_weighs_long_completions_more():
+    # three tokens of reward 1 and one of reward 0: mean 3/4, unbiased variance (3/16 + 9/16) / 3 = 1/4
+    got = advantages.compute("reinforce_pp", [1.0, 0.0], [0, 0], lengths=[3, 1])
+    np.testing.assert_allclose(got, [0.5, -1.5], rtol=1e-6)
+    # one value per completion: mean 1/2, variance 1/2
+    got = advantages.compute("reinforce_pp", [1.0, 0.0], [0, 0], whiten="sequence")
+    np.testing.assert_allclose(got, [np.sqrt(0.5), -np.sqrt(0.5)], rtol=1e-6)
+
+
+def test_reinforce_pp_baseline_gives_a_singleton_group_a_zero_centred_reward():
+    rewards, group_ids, lengths = _random_batch(7)
     centred = rewards.copy()
     for idx in _members(group_ids):
         centred[idx] -= rewards[idx].mean()
-    expected = (centred - centred.mean()) / (np.std(centred, ddof=1) + 1e-8)
-    got = advantages.compute("reinforce_pp_baseline", rewards, group_ids)
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    mean = np.sum(lengths * centred) / lengths.sum()
+    variance = np.sum(lengths * (centred - mean) ** 2) / (lengths.sum() - 1)
+    got = advantages.compute("reinforce_pp_baseline", rewards, group_ids, lengths=lengths)
+    np.testing.assert_allclose(got, (centred - mean) / np.sqrt(variance + 1e-8), rtol=1e-5, atol=1e-6)
 
 
 def test_opo_uses_length_weighted_baseline():
@@ -106,6 +187,10 @@ def test_binary_rewards_in_one_group_give_opposite_signs():
         (lambda: advantages.compute("opo", [1.0, 0.0], [0, 0]), "needs completion lengths"),
         (lambda: advantages.compute("opo", [1.0, 0.0], [0, 0], lengths=[3]), "lengths shape"),
         (lambda: advantages.compute("grpo", [1.0, 0.0], [0, 0], std_scaling="rows"), "std_scaling"),
+        (lambda: advantages.compute("reinforce_pp", [1.0, 0.0], [0, 0]), "needs completion lengths"),
+        (lambda: advantages.compute("reinforce_pp", [1.0, 0.0], [0, 0], lengths=[2, -1]), "non-negative"),
+        (lambda: advantages.compute("reinforce_pp", [1.0, 0.0], [0, 0], lengths=[0, 0]), "positive total"),
+        (lambda: advantages.compute("reinforce_pp_baseline", [1.0, 0.0], [0, 0], whiten="rows"), "whiten"),
     ],
 )
 def test_bad_input_is_rejected(call, message):
