@@ -1,4 +1,4 @@
-"""Runs a workflow over the worker pool (DESIGN.md sections 3 and 8).
+"""Runs a workflow over the worker pool (docs/design.md sections 3 and 8).
 
 A step starts as soon as every step it may read has finished, so independent steps run concurrently; the worker
 sees exactly the earlier steps its access allows; the final answer is the last step's response. A worker failure

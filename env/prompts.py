@@ -1,4 +1,4 @@
-"""Prompts of the Conductor and of its workers (DESIGN.md section 8), written in our own words.
+"""Prompts of the Conductor and of its workers (docs/design.md section 8), written in our own words.
 
 Structure follows the reference: the Conductor gets a system message, a user message with the question, the pool
 as numbered ids, the step limit and a few example workflows from other task families, and continues an assistant

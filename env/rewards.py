@@ -1,4 +1,4 @@
-"""The reward of one Conductor completion (DESIGN.md section 8), with every term reported for logging.
+"""The reward of one Conductor completion (docs/design.md section 8), with every term reported for logging.
 
     outcome = format_error                                  if the workflow did not parse
             = wrong + (correct - wrong) * grade             otherwise (grade in [0, 1]; 0.5 / 1 by default)

@@ -1,4 +1,4 @@
-"""The Conductor's action: a workflow of up to `max_steps` worker calls (DESIGN.md sections 3 and 8).
+"""The Conductor's action: a workflow of up to `max_steps` worker calls (docs/design.md sections 3 and 8).
 
 The dataclasses below are the contract used by the executor, the prompts and the baselines.
 

@@ -1,4 +1,4 @@
-"""Worlds: a worker pool plus the tasks it is asked about, built from typed configs (DESIGN.md section 5).
+"""Worlds: a worker pool plus the tasks it is asked about, built from typed configs (docs/design.md section 5).
 
 - `synthetic`: a parametric pool (skill matrix workers x domains, latency, price) on generated questions, with a
   known optimal policy and its expected reward (`OraclePolicy`), so training can be compared with the oracle.

@@ -63,7 +63,10 @@ _TASKS = flags.DEFINE_list(
     "paper: name or name:path entries (math500, mmlu, rlpr, livecodebench). Empty: the world's default.",
 )
 _TASK_LIMIT = flags.DEFINE_integer("task_limit", None, "At most this many questions per task file.")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "Directory of the RouterDC files (default: ../shared/data/routerdc).")
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", None,
+    "Directory of the RouterDC files (default: found by the lookup of docs/design.md section 5).",
+)
 _SYNTHETIC_WORKERS = flags.DEFINE_integer("synthetic_workers", 4, "Workers in the synthetic pool.")
 _SYNTHETIC_SKILLS = flags.DEFINE_string(
     "synthetic_skills", None,

@@ -1,4 +1,4 @@
-"""The GRPO training loop: one iteration of DESIGN.md section 2, repeated, resumable.
+"""The GRPO training loop: one iteration of docs/design.md section 2, repeated, resumable.
 
     questions -> prompts -> generator samples G completions each -> the world scores them -> advantages per group
     -> Trajectories from the generator's own token ids -> Learner.update -> weight sync (policy version + 1)

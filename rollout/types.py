@@ -1,4 +1,4 @@
-"""The generator contract: what a rollout engine takes and returns (DESIGN.md section 3)."""
+"""The generator contract: what a rollout engine takes and returns (docs/design.md section 3)."""
 
 from __future__ import annotations
 

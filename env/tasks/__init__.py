@@ -1,4 +1,4 @@
-"""Tasks and graders: `load(name, ...)` and friends (DESIGN.md section 3).
+"""Tasks and graders: `load(name, ...)` and friends (docs/design.md section 3).
 
 Names: humaneval, math500, aime, mmlu, gpqa, rlpr, livecodebench (local files; default `<data dir>/<name>`, see
 `routerdc.data_dir`), routerdc/<file stem> and synthetic.

@@ -1,4 +1,4 @@
-"""A benchmark question and its grader (DESIGN.md section 3)."""
+"""A benchmark question and its grader (docs/design.md section 3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Loaders of public benchmarks from local files in their Hugging Face schema (DESIGN.md section 5).
+"""Loaders of public benchmarks from local files in their Hugging Face schema (docs/design.md section 5).
 
 Each loader takes the records of one split (JSONL, JSON list or parquet; see `read_records`) and returns Tasks
 whose question ends with the answer-format instruction. Column names are those of the Hugging Face datasets:

@@ -1,4 +1,4 @@
-"""Graders: `grade(response_text, gold) -> float` in [0, 1] (DESIGN.md section 8). Pure functions of text.
+"""Graders: `grade(response_text, gold) -> float` in [0, 1] (docs/design.md section 8). Pure functions of text.
 
 Every grader reads the final answer from the last `<answer>...</answer>`; a response without one scores 0.
 Code is graded in env/tasks/code.py because it runs the program.

@@ -1,4 +1,4 @@
-"""Worker responses with a known grade, for the simulated and replay workers (DESIGN.md section 5).
+"""Worker responses with a known grade, for the simulated and replay workers (docs/design.md section 5).
 
 `reference_response(task)` grades 1 and `wrong_response(task, rng)` grades 0 under the task's own grader, so
 world-model workers are scored by the same graders as real ones.

@@ -1,4 +1,4 @@
-"""Questions of the replay world: RouterDC's recorded outcomes of seven open 7B models (DESIGN.md section 5).
+"""Questions of the replay world: RouterDC's recorded outcomes of seven open 7B models (docs/design.md section 5).
 
 The files hold no gold answers, only `{"question", "scores": {model: score}}` per record. So a task's gold is an
 opaque token `routerdc:<stem>:<index>`: the replay worker writes it inside <answer> tags when its recorded outcome

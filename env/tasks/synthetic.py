@@ -1,4 +1,4 @@
-"""Generated questions with known answers, for the synthetic world (DESIGN.md section 5).
+"""Generated questions with known answers, for the synthetic world (docs/design.md section 5).
 
 Four domains, graded by the normal graders: `arithmetic` and `algebra` (math grader), `logic` (ordering puzzles)
 and `trivia` (calendar facts), both short-answer graded. Everything is a function of the seed.

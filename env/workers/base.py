@@ -1,4 +1,4 @@
-"""The worker contract: one chat completion from one member of the pool (DESIGN.md section 3)."""
+"""The worker contract: one chat completion from one member of the pool (docs/design.md section 3)."""
 
 from __future__ import annotations
 

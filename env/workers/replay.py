@@ -1,7 +1,7 @@
 """A replay worker: one of the RouterDC models, right with the probability recorded for it on this question.
 
-The routerdc data (DESIGN section 5) records, per question, whether each model's answer was right: the fraction of
-its sampled answers that were right, or for a multiple-choice question whether its graded answer was
+The routerdc data (docs/design.md section 5) records, per question, whether each model's answer was right: the
+fraction of its sampled answers that were right, or for a multiple-choice question whether its graded answer was
 (`env.tasks.routerdc`). For a one-step workflow that is exactly the probability the model answers correctly. The
 data says nothing about a model that reads other models' work, so multi-step behaviour comes from the same
 explicit, switchable `AnswerModel` as the simulated worker (default "independent": reading changes nothing).

@@ -85,8 +85,8 @@ def test_replay_world_reproduces_the_recorded_reference_points():
     mmlu = [t for t in world.tasks if t.domain == "mmlu"]
     gsm8k = [t for t in world.tasks if t.domain == "gsm8k"]
     assert (len(mmlu), len(gsm8k)) == (4213, 1319)
-    # ../shared/data/routerdc/README.md gives 55.0 / 72.7 (zephyr) for MMLU: the mean recorded score, which on a
-    # multiple-choice file is a confidence; graded right or wrong as the files were written (env.tasks.routerdc):
+    # The MMLU and GSM8K rows of docs/design.md section 5's reference points (a multiple-choice score counts as right
+    # when positive, as env.tasks.routerdc reads it; the mean raw score would understate MMLU).
     points = replay_reference_points(mmlu)
     assert points["best_single_model"] == "meta-llama/Meta-Llama-3-8B"
     assert round(100 * points["best_single"], 2) == 64.59 and round(100 * points["oracle"], 2) == 85.26
