@@ -4,6 +4,10 @@ It runs in a thread (HTTP behaviour) or as its own process (`python -m tests.rol
 `/init_weights_update_group` really joins a gloo group and `/update_weights_from_distributed` really receives the
 flattened bucket broadcast, as an SGLang server does over NCCL.
 
+`GET /server_info` (and its old name `/get_server_info`) answers `server_args`, the few `ServerArgs` fields the
+client reads. A fake with `join_update_group = False` holds `/init_weights_update_group` until it stops, as a
+server whose ranks never reach the rendezvous.
+
 Its "model" is a fixed rule: token k of a row is (sum(prompt) + seed + 7k) mod vocab, with log-prob
 -(k + 1) / 10 - version / 100, so tests can tell which row, seed and weight version produced a completion.
 """
@@ -24,8 +28,12 @@ VOCAB = 1000
 
 
 class FakeSGLang:
-    def __init__(self, *, port: int = 0, weight_version: str = "0") -> None:
+    def __init__(self, *, port: int = 0, weight_version: str = "0", dtype: str = "auto") -> None:
         self.weight_version = weight_version
+        self.server_args = {"model_path": "/fake/model", "tp_size": 1, "pp_size": 1, "dp_size": 1,
+                            "enable_dp_attention": False, "dtype": dtype}
+        self.join_update_group = True
+        self._stopped = threading.Event()
         self.events: list[tuple[str, object]] = []
         self.weights: dict[str, torch.Tensor] = {}
         self.generate_requests = 0
@@ -43,6 +51,7 @@ class FakeSGLang:
         return self
 
     def stop(self) -> None:
+        self._stopped.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -55,6 +64,8 @@ class FakeSGLang:
             self.events.append((path, body))
         if path == "/health" and method == "GET":
             return 200, ""
+        if path in ("/server_info", "/get_server_info") and method == "GET":
+            return 200, {**self.server_args, "version": "fake"}
         if path == "/generate":
             return self._generate(body)
         if path == "/pause_generation":
@@ -72,6 +83,9 @@ class FakeSGLang:
             self._set_version(body)
             return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
         if path == "/init_weights_update_group":
+            if not self.join_update_group:
+                self._stopped.wait()
+                return 503, {"success": False, "message": "fake server stopped"}
             self._group = join_weight_update_group(
                 master_address=body["master_address"],
                 master_port=body["master_port"],
@@ -94,6 +108,11 @@ class FakeSGLang:
             return 200, {"success": True, "message": "Succeeded to update parameter online."}
         if path == "/fake/weights":
             return 200, {name: t.float().tolist() for name, t in self.weights.items()}
+        if path == "/fake/weight_dtypes":
+            return 200, {name: str(t.dtype).removeprefix("torch.") for name, t in self.weights.items()}
+        if path == "/fake/events":
+            with self._lock:
+                return 200, [[event_path, event_body] for event_path, event_body in self.events]
         return 404, {"detail": "Not Found"}
 
     def _set_version(self, body: dict) -> None:
@@ -171,8 +190,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--fail-updates-with", default=None)
+    parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
-    fake = FakeSGLang(port=args.port)
+    fake = FakeSGLang(port=args.port, dtype=args.dtype)
     fake.fail_updates_with = args.fail_updates_with
     print("ready", flush=True)
     fake.server.serve_forever()

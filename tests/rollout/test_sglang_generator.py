@@ -7,12 +7,20 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
 import torch
 
-from rollout.sglang_generator import SGLangConfig, SGLangError, SGLangGenerator
+from rollout.sglang_generator import (
+    SGLangConfig,
+    SGLangError,
+    SGLangGenerator,
+    resolve_master_address,
+    served_dtype,
+)
+from rollout.transport import CHECKPOINT_WEIGHTS_FILE
 from rollout.types import SamplingParams
 from tests.rollout.fake_sglang import VOCAB, FakeSGLang
 
@@ -87,6 +95,8 @@ def test_disk_update_pauses_loads_flushes_then_continues_and_versions_propagate(
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    for fake in fakes:
+        fake.server_args["dtype"] = "float32"
     generator = make_generator([f.url for f in fakes], tmp_path, model_dir=str(model_dir), keep_checkpoints=1)
     weights = {"model.embed_tokens.weight": torch.arange(6, dtype=torch.float32).reshape(3, 2)}
 
@@ -94,7 +104,8 @@ def test_disk_update_pauses_loads_flushes_then_continues_and_versions_propagate(
 
     for fake in fakes:
         assert fake.paths() == [
-            "/health", "/pause_generation", "/update_weights_from_disk", "/flush_cache", "/continue_generation"
+            "/health", "/server_info", "/pause_generation", "/update_weights_from_disk", "/flush_cache",
+            "/continue_generation",
         ]
         update = dict(fake.events)["/update_weights_from_disk"]
         assert update["weight_version"] == "3" and update["flush_cache"] is True
@@ -120,7 +131,7 @@ def test_update_rejected_with_400_raises_names_server_and_leaves_servers_paused(
     assert "version 1" in message and fakes[1].url in message and "size mismatch for lm_head.weight" in message
     assert "400" in message
     assert generator.policy_version == 0
-    assert fakes[1].paths() == ["/health", "/pause_generation", "/update_weights_from_disk"]
+    assert fakes[1].paths() == ["/health", "/server_info", "/pause_generation", "/update_weights_from_disk"]
     assert fakes[1].paused
 
 
@@ -189,11 +200,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# The fields of SGLang's InitWeightsUpdateGroupReqInput and UpdateWeightsFromDistributedReqInput
+# (python/sglang/srt/managers/io_struct.py) less the internal `rid` / `http_worker_ipc`.
+INIT_GROUP_FIELDS = {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
+UPDATE_DISTRIBUTED_FIELDS = {
+    "names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests", "weight_version", "load_format",
+    "torch_empty_cache",
+}
+
+
 @pytest.mark.timeout(120)
-def test_distributed_update_broadcasts_flattened_buckets_over_gloo(tmp_path):
+def test_distributed_update_broadcasts_flattened_buckets_over_gloo_in_the_servers_dtype(tmp_path):
     http_port, master_port = free_port(), free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "tests.rollout.fake_sglang", "--port", str(http_port)],
+        [sys.executable, "-m", "tests.rollout.fake_sglang", "--port", str(http_port), "--dtype", "bfloat16"],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -203,6 +223,9 @@ def test_distributed_update_broadcasts_flattened_buckets_over_gloo(tmp_path):
             master_port=master_port, bucket_bytes=64, retry_backoff_s=0.0,
         )
         generator = SGLangGenerator(config)
+        assert (generator.weight_dtype, generator.server_tp_sizes, generator.master_address) == (
+            "bfloat16", (1,), "127.0.0.1"
+        )
         weights = {
             "model.embed_tokens.weight": torch.randn(4, 3),
             "model.norm.weight": torch.randn(3).to(torch.bfloat16),
@@ -212,9 +235,163 @@ def test_distributed_update_broadcasts_flattened_buckets_over_gloo(tmp_path):
         received = httpx.get(f"{config.urls[0]}/fake/weights").json()
         assert sorted(received) == sorted(weights)
         for name, tensor in weights.items():
-            torch.testing.assert_close(torch.tensor(received[name]), tensor.float())
+            torch.testing.assert_close(torch.tensor(received[name]), tensor.to(torch.bfloat16).float())
+        assert httpx.get(f"{config.urls[0]}/fake/weight_dtypes").json() == dict.fromkeys(weights, "bfloat16")
+        events = httpx.get(f"{config.urls[0]}/fake/events").json()
+        (init,) = [body for path, body in events if path == "/init_weights_update_group"]
+        assert init == {"master_address": "127.0.0.1", "master_port": master_port, "rank_offset": 1,
+                        "world_size": 2, "group_name": "weight_update_group", "backend": "gloo"}
+        buckets = [body for path, body in events if path == "/update_weights_from_distributed"]
+        assert all(set(body) <= UPDATE_DISTRIBUTED_FIELDS for body in buckets)
+        assert [dtype for body in buckets for dtype in body["dtypes"]] == ["bfloat16"] * 3
+        # In float32 the weights would fill two 64-byte buckets (48 + 6 bytes, then 60); in bfloat16 all 30 values
+        # take 60 bytes, one bucket.
+        assert [body["shapes"] for body in buckets] == [[[4, 3], [3], [5, 3]]]
+        assert [body["weight_version"] for body in buckets] == ["7"]
         assert generator.generate([[1]], SamplingParams(max_new_tokens=1), n=1)[0][0].policy_version == 7
         generator.close()
     finally:
         server.kill()
         server.wait()
+
+
+def test_config_rejects_mismatched_tp_sizes_bad_ports_and_a_loopback_master_for_remote_servers():
+    two = ("http://127.0.0.1:30000", "http://127.0.0.1:30001")
+    distributed = dict(weight_update="distributed")
+    assert SGLangConfig(urls=two, server_tp_sizes=(2, 1), **distributed).world_size == 4
+    assert SGLangConfig(urls=two, **distributed).world_size is None
+    with pytest.raises(ValueError, match=r"one integer size >= 1 per server url, got \(2,\) for 2 url"):
+        SGLangConfig(urls=two, server_tp_sizes=(2,), **distributed)
+    with pytest.raises(ValueError, match="server_tp_sizes"):
+        SGLangConfig(urls=two, server_tp_sizes=(2, 0), **distributed)
+    for port in (0, -1, 65536):
+        with pytest.raises(ValueError, match=r"master_port must be in \[1, 65535\]"):
+            SGLangConfig(urls=two, master_port=port, **distributed)
+    with pytest.raises(ValueError, match="master_port 30001 is the HTTP port of http://127.0.0.1:30001"):
+        SGLangConfig(urls=two, master_port=30001, **distributed)
+    remote = ("http://127.0.0.1:30000", "http://10.1.2.3:30000")
+    with pytest.raises(ValueError, match=r"loopback, which http://10.1.2.3:30000 \(another host\) cannot reach"):
+        SGLangConfig(urls=remote, master_address="127.0.0.1", **distributed)
+    with pytest.raises(ValueError, match="loopback"):
+        SGLangConfig(urls=remote, master_address="localhost", **distributed)
+    assert SGLangConfig(urls=remote, master_address="10.1.2.1", **distributed).master_address == "10.1.2.1"
+    with pytest.raises(ValueError, match="backend"):
+        SGLangConfig(urls=two, backend="mpi", **distributed)
+    with pytest.raises(ValueError, match="rendezvous_timeout_s"):
+        SGLangConfig(urls=two, rendezvous_timeout_s=0, **distributed)
+    with pytest.raises(ValueError, match="weight_dtype"):
+        SGLangConfig(urls=two, weight_dtype="int8", **distributed)
+
+
+def test_master_address_is_loopback_for_local_servers_and_must_resolve_when_given():
+    local = SGLangConfig(urls=("http://localhost:30000", "http://127.0.0.1:30001"), weight_update="distributed")
+    assert resolve_master_address(local) == "127.0.0.1"
+    named = SGLangConfig(urls=("http://10.1.2.3:30000",), weight_update="distributed", master_address="10.1.2.1")
+    assert resolve_master_address(named) == "10.1.2.1"
+    unknown = SGLangConfig(
+        urls=("http://10.1.2.3:30000",), weight_update="distributed", master_address="learner.invalid"
+    )
+    with pytest.raises(SGLangError, match="'learner.invalid' does not resolve on this host"):
+        resolve_master_address(unknown)
+
+
+def test_served_dtype_follows_sglangs_rule_for_auto():
+    assert served_dtype("bfloat16", None) == "bfloat16"
+    assert served_dtype("half", {"torch_dtype": "bfloat16"}) == "float16"
+    assert served_dtype("float", None) == "float32"
+    assert served_dtype("auto", {"torch_dtype": "bfloat16", "model_type": "llama"}) == "bfloat16"
+    assert served_dtype("auto", {"dtype": "float16", "model_type": "qwen2"}) == "float16"
+    # SGLang serves a float32 (or dtype-less) checkpoint in float16, Gemma in bfloat16.
+    assert served_dtype("auto", {"torch_dtype": "float32", "model_type": "llama"}) == "float16"
+    assert served_dtype("auto", {"model_type": "llama"}) == "float16"
+    assert served_dtype("auto", {"torch_dtype": "float32", "model_type": "gemma2"}) == "bfloat16"
+    assert served_dtype("auto", None) is None
+    with pytest.raises(SGLangError, match="unknown server dtype 'int4'"):
+        served_dtype("int4", None)
+
+
+def test_tp_sizes_are_read_from_the_servers_and_a_config_that_disagrees_is_refused(fakes, tmp_path):
+    fakes[0].server_args["tp_size"] = 2
+    urls = [f.url for f in fakes]
+    generator = make_generator(urls, tmp_path, weight_update="distributed", backend="gloo")
+    assert generator.server_tp_sizes == (2, 1)
+    assert make_generator(urls, tmp_path, weight_update="distributed", server_tp_sizes=(2, 1)).server_tp_sizes == (2, 1)
+    with pytest.raises(SGLangError, match=rf"gives {fakes[0].url} a tensor-parallel size of 1, but it runs tp_size=2"):
+        make_generator(urls, tmp_path, weight_update="distributed", server_tp_sizes=(1, 1))
+    fakes[1].server_args["pp_size"] = 2
+    with pytest.raises(SGLangError, match=rf"{fakes[1].url} runs pp_size=2"):
+        make_generator(urls, tmp_path, weight_update="distributed")
+    # The disk path needs no group, so it does not care.
+    assert make_generator(urls, tmp_path).server_tp_sizes is None
+
+
+@pytest.mark.timeout(60)
+def test_a_rendezvous_a_server_never_joins_fails_within_the_timeout_naming_what_to_check(fakes, tmp_path):
+    fakes[0].server_args["tp_size"] = 2
+    for fake in fakes:
+        fake.join_update_group = False
+    master_port = free_port()
+    generator = make_generator(
+        [f.url for f in fakes], tmp_path, weight_update="distributed", backend="gloo", master_port=master_port,
+        rendezvous_timeout_s=1.0, health_timeout_s=1.0,
+    )
+    start = time.monotonic()
+    with pytest.raises(SGLangError) as error:
+        generator.update_weights({"w": torch.zeros(2)}, version=1)
+    assert time.monotonic() - start < 10
+    message = str(error.value)
+    assert f"did not form at tcp://127.0.0.1:{master_port} within 1s (world size 4" in message
+    assert "tensor-parallel ranks (2, 1)" in message and "Timed out" in message
+    assert "--sglang_master_address" in message and "--tp-size" in message
+    inits = {url: dict(fake.events)["/init_weights_update_group"] for url, fake in zip(generator.config.urls, fakes)}
+    assert all(set(body) == INIT_GROUP_FIELDS for body in inits.values())
+    assert [(body["rank_offset"], body["world_size"]) for body in inits.values()] == [(1, 4), (3, 4)]
+    assert {(body["master_address"], body["master_port"], body["backend"]) for body in inits.values()} == {
+        ("127.0.0.1", master_port, "gloo")
+    }
+    assert generator.policy_version == 0
+
+
+def tensor_bytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def test_disk_sync_writes_the_servers_bfloat16_at_half_the_bytes_and_keeps_float32_for_float32_servers(tmp_path):
+    weights = {"model.embed_tokens.weight": torch.randn(64, 64), "lm_head.weight": torch.randn(32, 64)}
+    sizes = {}
+    for dtype in ("bfloat16", "float32"):
+        fake = FakeSGLang(dtype=dtype).start()
+        try:
+            root = tmp_path / dtype
+            generator = SGLangGenerator(SGLangConfig(urls=(fake.url,), checkpoint_root=str(root)))
+            assert generator.weight_dtype == dtype
+            generator.update_weights(weights, version=1)
+            update = dict(fake.events)["/update_weights_from_disk"]
+            assert set(update) <= {"model_path", "load_format", "weight_version", "flush_cache", "abort_all_requests"}
+            assert {t.dtype for t in fake.weights.values()} == {getattr(torch, dtype)}
+            for name, tensor in weights.items():
+                torch.testing.assert_close(fake.weights[name], tensor.to(getattr(torch, dtype)), rtol=0, atol=0)
+            checkpoint = root / "policy-00000001" / CHECKPOINT_WEIGHTS_FILE
+            sizes[dtype] = (tensor_bytes(fake.weights), checkpoint.stat().st_size)
+            generator.close()
+        finally:
+            fake.stop()
+    assert sizes["float32"][0] == tensor_bytes(weights) == 2 * sizes["bfloat16"][0]
+    assert sizes["bfloat16"][1] < 0.51 * sizes["float32"][1]
+
+
+def test_auto_servers_get_the_dtype_of_the_model_config_and_a_named_dtype_wins(fakes, tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "bfloat16"}))
+    urls = [f.url for f in fakes]
+    assert make_generator(urls, tmp_path, model_dir=str(model_dir)).weight_dtype == "bfloat16"
+    assert make_generator(urls, tmp_path, model_dir=str(model_dir), weight_dtype="float32").weight_dtype == "float32"
+    # Without the config, `auto` says nothing: weights travel as they come.
+    generator = make_generator([fakes[0].url], tmp_path)
+    assert generator.weight_dtype is None
+    generator.update_weights({"w": torch.ones(3)}, version=1)
+    assert fakes[0].weights["w"].dtype == torch.float32
+    fakes[1].server_args["dtype"] = "float16"
+    with pytest.raises(SGLangError, match="different dtypes"):
+        make_generator(urls, tmp_path, model_dir=str(model_dir))
