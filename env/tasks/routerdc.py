@@ -23,20 +23,50 @@ from pathlib import Path
 
 from env.tasks.answers import ANSWER_INSTRUCTION, CODE_INSTRUCTION
 from env.tasks.base import Task
+from env.tasks.data_files import DATA_DIR_ENV, RemoteDataset, RemoteFile, locate
 from env.tasks.graders import grade_exact
 
-DATA_DIR_ENV = "CONDUCTOR_DATA_DIR"
+__all__ = ["DATA_DIR_ENV", "ROUTERDC_FILES", "data_dir", "family", "load_routerdc", "probability_right"]
+
+ROUTERDC_COMMIT = "0e63989c5bf4363330b8a4616386e3f7f116d9f8"
+# The 16 files of datasets/split2_model7/ at ROUTERDC_COMMIT, with the sha256 and size of their blobs there.
+ROUTERDC_FILES = RemoteDataset(
+    name="routerdc",
+    base_url=f"https://raw.githubusercontent.com/shuhao02/RouterDC/{ROUTERDC_COMMIT}/datasets/split2_model7",
+    files=(
+        RemoteFile("MATH_prealgebra.json", "3cb750eaa93bd9989babca64b22e92ad51b0b5c30f6ee11dc539fb949c9cf5be", 441513),
+        RemoteFile(
+            "arc_challenge_test.json", "7588fd22f8d7e9adb9ec6ff435a0d3612a56b3192dc3f9ace358c2468a10b1f3", 180874
+        ),
+        RemoteFile(
+            "arc_challenge_train.json", "5ec50e9cd61caf0e3f116b48d00996a3d88ee52b3a0f04797cdfde8e21f8b610", 439134
+        ),
+        RemoteFile("arc_easy_test.json", "f8ba3041a394d865aeca8a5554c63f302649563f9cac9bbee8512b2d686269c7", 380217),
+        RemoteFile("arc_easy_train.json", "25bc2be5a33afbdf950466ad34f388b6ede63e59d7139a916c0dd7be649ccfae", 888903),
+        RemoteFile("ceval.json", "b2f8105774193d869fa78c53894aa4118391eaed6bb0810f03f5fec76fd82323", 1181875),
+        RemoteFile("cmmlu_test.json", "10f175ac68f5163a9572d1d0e203415846264dceb9f56b444a654fff79e19843", 2764779),
+        RemoteFile("cmmlu_train.json", "6cc4cdba7f5bf9ca6cbb303bac87efded70d3807c17ecbe54424a74d9410b11e", 1611405),
+        RemoteFile("gsm8k-test.json", "237ccfe4a613a523e48ac92709ddc1a541674c332f9064899cce2cb1dafac3c9", 741554),
+        RemoteFile("gsm8k-train.json", "63528cfd7b1860f03bae35e16d4964fe61d4abd3133386c92b22f433a4d4cd75", 557478),
+        RemoteFile("humaneval_test.json", "3744fba4a7953206858f601e61b05c1551ca2fbcfac6b14b46fd19e8735f5f68", 42909),
+        RemoteFile("humaneval_train.json", "c98f4160c135bfb2e6ee21bed16e23a8e5700148c3ea6f49092ce64c5a8d8de0", 87643),
+        RemoteFile("javascript.json", "bfaad2257e7b0de6d4bd6c204e05e791998f8875bb157dde1aea39817c60376b", 124626),
+        RemoteFile("mbpp.json", "17f2c23297234421e3e683ed5fc18d696cacb80a2d1e7a931ca12fcf52a2f9e7", 242373),
+        RemoteFile("mmlu_test.json", "e560163c00f717a23da5781cf7b76a4050abed0cd75b2244df3fc23d46ea379b", 3578099),
+        RemoteFile("mmlu_train.json", "f07315933421304572fde4a2751c131757a7a3913ad5dad302390d4ee00e5d7d", 1705188),
+    ),
+    source=f"GitHub shuhao02/RouterDC at commit {ROUTERDC_COMMIT}, datasets/split2_model7/",
+)
 CODE_FAMILIES = ("humaneval", "javascript", "mbpp")
 MULTIPLE_CHOICE_FAMILIES = ("arc_challenge", "arc_easy", "ceval", "cmmlu", "mmlu")
 _SPLIT_SUFFIX_RE = re.compile(r"[-_](?:test|train)$")
 
 
-def data_dir() -> Path:
-    """Root of the local data: `$CONDUCTOR_DATA_DIR`, else `../shared/data` next to the repository."""
-    configured = os.environ.get(DATA_DIR_ENV)
-    if configured:
-        return Path(configured)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
+def data_dir(configured: str | os.PathLike | None = None) -> Path:
+    """The data root holding `routerdc/`, by `env.tasks.data_files`' lookup order (`configured`, then
+    `$CONDUCTOR_DATA_DIR`, the user cache, the team copy); where none holds it, the files are fetched into the cache
+    first, with a progress bar on stderr."""
+    return locate(ROUTERDC_FILES, configured).parent
 
 
 def family(stem: str) -> str:
