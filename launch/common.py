@@ -20,6 +20,7 @@ from flax import nnx
 from env.executor import ExecutorConfig
 from env.gym_env import ConductorEnv, EnvConfig, Scored
 from env.rewards import RewardConfig
+from env.tasks import data_files, routerdc
 from env.workers.cache import ResponseCache
 from env.workers.simulated import AnswerModel
 from env.worlds import (
@@ -65,7 +66,9 @@ _TASKS = flags.DEFINE_list(
 _TASK_LIMIT = flags.DEFINE_integer("task_limit", None, "At most this many questions per task file.")
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None,
-    "Directory of the RouterDC files (default: found by the lookup of docs/design.md section 5).",
+    "Data root searched first for the task files: <data_dir>/routerdc/ (replay world), <data_dir>/<name>/ (paper "
+    "world). Then $CONDUCTOR_DATA_DIR, the user cache (~/.cache/conductor-rl/data, where `python -m launch.data "
+    "fetch NAME` puts them) and the team copy; the RouterDC files are fetched into the cache on first use.",
 )
 _SYNTHETIC_WORKERS = flags.DEFINE_integer("synthetic_workers", 4, "Workers in the synthetic pool.")
 _SYNTHETIC_SKILLS = flags.DEFINE_string(
@@ -240,14 +243,23 @@ def world_config(tasks: Sequence[str] | None = None) -> Any:
         )
     if name == "replay":
         files = tuple(tasks) or ReplayWorldConfig.files
-        return ReplayWorldConfig(files=files, data_dir=_DATA_DIR.value, limit_per_file=limit, seed=_SEED.value,
+        routerdc_dir = str(routerdc.data_dir(_DATA_DIR.value) / "routerdc") if _DATA_DIR.value else None
+        return ReplayWorldConfig(files=files, data_dir=routerdc_dir, limit_per_file=limit, seed=_SEED.value,
                                  latency_s=_WORKER_LATENCY.value, answer_model=answer_model)
     if name == "local":
         smollm2 = str(zoo.smollm2_135m_instruct())
         return LocalWorldConfig(model_dirs=(smollm2,) * _LOCAL_WORKERS.value, tasks=(tasks or ["synthetic"])[0],
                                 limit=limit, seed=_SEED.value)
     entries = tuple((t.split(":", 1)[0], t.split(":", 1)[1] if ":" in t else None) for t in tasks)
-    return PaperWorldConfig(tasks=entries or PaperWorldConfig.tasks, limit_per_task=limit, seed=_SEED.value)
+    entries = tuple((task, path or _found(task)) for task, path in entries or PaperWorldConfig.tasks)
+    return PaperWorldConfig(tasks=entries, limit_per_task=limit, seed=_SEED.value)
+
+
+def _found(task: str) -> str | None:
+    """`<task>/` in the first data root holding it, `--data_dir` searched first; None leaves the search to env.tasks
+    (which then names the directories it tried)."""
+    directory = data_files.find(task, _DATA_DIR.value) if _DATA_DIR.value else None
+    return str(directory) if directory else None
 
 
 def build_env(tasks: Sequence[str] | None = None) -> ConductorEnv:
