@@ -7,7 +7,7 @@ Names, transposes and tied embeddings come from `models.hf_io.param_map`, the on
 - disk: `save_checkpoint(model, out_dir)` writes a safetensors checkpoint that appears atomically
   (`rollout.transport.write_checkpoint`), for generators in other processes or on other hosts;
 - SGLang: `sync(model, sglang_generator, version)`, which sends through the generator's configured path
-  (`/update_weights_from_disk`, or flattened NCCL buckets broadcast from this process).
+  (`/update_weights_from_disk`, or flattened NCCL buckets broadcast from this process), in the servers' dtype.
 """
 
 from __future__ import annotations
@@ -57,7 +57,13 @@ def hf_torch_tensors(model: Transformer, *, dtype: Any = None) -> dict[str, torc
 
 
 def sync(model: Transformer, generator: Generator, version: int, *, dtype: Any = None) -> None:
-    """Pushes the model's current parameters into `generator`, tagged with policy `version`."""
+    """Pushes the model's current parameters into `generator`, tagged with policy `version`.
+
+    Without `dtype`, a generator that names a `weight_dtype` (an SGLangGenerator: its servers' dtype) gets its
+    tensors cast to it here, on the learner's device, so only the cast bytes are copied out of JAX.
+    """
+    if dtype is None:
+        dtype = getattr(generator, "weight_dtype", None)
     generator.update_weights(hf_torch_tensors(model, dtype=dtype), version)
 
 

@@ -14,10 +14,12 @@ from models.decode import greedy_decode
 from models.testing import tiny_hf_model_dir
 from rl.learner import Learner, LearnerConfig, OptimizerConfig
 from rl.trajectories import build
+from rollout.sglang_generator import SGLangConfig, SGLangGenerator
 from rollout.torch_generator import TorchGenerator
 from rollout.transport import read_checkpoint
 from rollout.types import SamplingParams
-from rollout.weight_sync import jax_to_torch, save_checkpoint, sync
+from rollout.weight_sync import hf_torch_tensors, jax_to_torch, save_checkpoint, sync
+from tests.rollout.fake_sglang import FakeSGLang
 
 PROMPTS = [[5, 17, 33, 9], [100, 7], [64, 65, 66]]
 
@@ -110,6 +112,39 @@ def test_an_interrupted_disk_sync_leaves_the_previous_checkpoint_whole(tmp_path,
     assert list(greedy[0][0].completion_ids) == greedy_decode(learner.model, PROMPTS[0], 6)
     with pytest.raises(FileExistsError):
         save_checkpoint(learner.model, first)
+
+
+def test_sync_into_sglang_casts_the_learners_float32_to_the_servers_bfloat16(tmp_path):
+    model = hf_io.load(tiny_hf_model_dir(tmp_path / "learner", "qwen2", seed=0))
+    reference = hf_torch_tensors(model)
+    assert {t.dtype for t in reference.values()} == {torch.float32}
+    fake = FakeSGLang(dtype="bfloat16").start()
+    try:
+        generator = SGLangGenerator(SGLangConfig(urls=(fake.url,), checkpoint_root=str(tmp_path / "sync")))
+        sync(model, generator, version=1)
+        assert sorted(fake.weights) == sorted(reference)
+        for name, tensor in reference.items():
+            assert fake.weights[name].dtype == torch.bfloat16, name
+            torch.testing.assert_close(fake.weights[name], tensor.to(torch.bfloat16), rtol=0, atol=0)
+        generator.close()
+    finally:
+        fake.stop()
+
+
+class RecordingGenerator:
+    weight_dtype = "bfloat16"
+
+    def update_weights(self, named_tensors, version):
+        self.received = dict(named_tensors)
+
+
+def test_sync_casts_on_the_learners_side_to_a_generators_weight_dtype(tmp_path):
+    model = hf_io.load(tiny_hf_model_dir(tmp_path / "learner", "llama", seed=0))
+    generator = RecordingGenerator()
+    sync(model, generator, version=1)
+    assert {t.dtype for t in generator.received.values()} == {torch.bfloat16}
+    sync(model, generator, version=2, dtype="float32")
+    assert {t.dtype for t in generator.received.values()} == {torch.float32}
 
 
 def test_jax_to_torch_shares_single_device_memory_and_gathers_sharded_arrays():
