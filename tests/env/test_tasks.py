@@ -24,7 +24,11 @@ from env.tasks.code import CodeTests
 from env.tasks.routerdc import DATA_DIR_ENV, data_dir, family
 from env.tasks.synthetic import DOMAINS
 
-ROUTERDC = data_dir() / "routerdc"
+
+def routerdc_dir() -> Path:
+    """The RouterDC files, looked up (and fetched where no copy is found) by the tests that read them, not when this
+    module is collected."""
+    return data_dir() / "routerdc"
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -229,7 +233,7 @@ def test_all_164_humaneval_canonical_solutions_pass_and_none_bodies_fail():
 
 
 def test_routerdc_tasks_carry_opaque_gold_and_the_recorded_outcomes():
-    records = json.loads((ROUTERDC / "gsm8k-test.json").read_text())
+    records = json.loads((routerdc_dir() / "gsm8k-test.json").read_text())
     tasks = load("routerdc/gsm8k-test")
     assert len(tasks) == len(records) == 1319
     for index in (0, 654, 1318):
@@ -242,7 +246,7 @@ def test_routerdc_tasks_carry_opaque_gold_and_the_recorded_outcomes():
 
 
 def test_a_multiple_choice_score_is_read_as_right_or_wrong_not_as_a_probability():
-    records = json.loads((ROUTERDC / "mmlu_test.json").read_text())
+    records = json.loads((routerdc_dir() / "mmlu_test.json").read_text())
     tasks = load("routerdc/mmlu_test")
     assert len(tasks) == len(records) == 4213
     for task, record in zip(tasks, records):
@@ -257,20 +261,22 @@ def test_a_multiple_choice_score_is_read_as_right_or_wrong_not_as_a_probability(
 def test_four_option_files_record_a_positive_score_only_for_an_option_ranked_first(stem):
     """Why the reading above holds: a recorded score is the right option's probability among 4 when the model's
     answer was right, so it is never under 1/4; a fraction of sampled answers would be."""
-    scores = np.array([s for r in json.loads((ROUTERDC / f"{stem}.json").read_text()) for s in r["scores"].values()])
+    records = json.loads((routerdc_dir() / f"{stem}.json").read_text())
+    scores = np.array([s for r in records for s in r["scores"].values()])
     assert scores[scores > 0].min() >= 0.25 - 1e-9
     assert 0.3 < np.mean(scores > 0) < 0.7
 
 
 @pytest.mark.parametrize("stem", ["gsm8k-train", "humaneval_test", "mbpp"])
 def test_generated_answer_files_record_the_fraction_of_ten_sampled_answers_that_were_right(stem):
-    scores = np.array([s for r in json.loads((ROUTERDC / f"{stem}.json").read_text()) for s in r["scores"].values()])
+    records = json.loads((routerdc_dir() / f"{stem}.json").read_text())
+    scores = np.array([s for r in records for s in r["scores"].values()])
     assert np.allclose(scores * 10, np.round(scores * 10))
     assert np.mean((scores > 0) & (scores < 1)) > 0.2
 
 
 def test_routerdc_families_drop_the_split_suffix():
-    assert {family(path.stem) for path in ROUTERDC.glob("*.json")} == {
+    assert {family(path.stem) for path in routerdc_dir().glob("*.json")} == {
         "arc_challenge", "arc_easy", "ceval", "cmmlu", "gsm8k", "humaneval", "javascript", "math_prealgebra",
         "mbpp", "mmlu",
     }
