@@ -130,6 +130,32 @@ _SYNC = flags.DEFINE_enum(
     "nccl (SGLang /update_weights_from_distributed).",
 )
 _SYNC_DIR = flags.DEFINE_string("sync_dir", None, "Shared directory for disk sync (default: <logdir>/sync).")
+_SGLANG_WEIGHT_DTYPE = flags.DEFINE_enum(
+    "sglang_weight_dtype", "auto", ["auto", "float32", "bfloat16", "float16"],
+    "dtype of the weights --sync=disk and --sync=nccl send to SGLang servers; auto: the servers' own (from their "
+    "/server_info: --dtype, or for --dtype=auto the model's config dtype).",
+)
+_SGLANG_TP_SIZES = flags.DEFINE_list(
+    "sglang_server_tp_sizes", [],
+    "Tensor-parallel size of each --sglang_urls server, in order (--sync=nccl: the weight-update group has 1 + their "
+    "sum ranks). Empty: read from each server's /server_info; given: checked against it.",
+)
+_SGLANG_MASTER_ADDRESS = flags.DEFINE_string(
+    "sglang_master_address", None,
+    "Address of this host that the SGLang servers dial for the --sync=nccl rendezvous. Default: 127.0.0.1 when "
+    "every server is local, else this host's address on its route to the first remote server.",
+)
+_SGLANG_MASTER_PORT = flags.DEFINE_integer(
+    "sglang_master_port", 29600, "Free port of this host for the --sync=nccl rendezvous, open to the servers."
+)
+_SGLANG_SYNC_BACKEND = flags.DEFINE_enum(
+    "sglang_sync_backend", "nccl", ["nccl", "gloo"], "torch.distributed backend of --sync=nccl (gloo: CPU tensors)."
+)
+_SGLANG_RENDEZVOUS_TIMEOUT = flags.DEFINE_float(
+    "sglang_rendezvous_timeout_s", 300.0,
+    "--sync=nccl: seconds the servers and this process have to form the weight-update group before the update "
+    "fails with what to check.",
+)
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Conductor sampling temperature.")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Conductor nucleus sampling.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Conductor top-k sampling (0: off).")
@@ -386,15 +412,28 @@ def build_generator(model_dir: pathlib.Path, log_dir: pathlib.Path) -> tuple[Any
             raise ValueError("--generator=sglang needs --sglang_urls")
         if _SYNC.value == "inprocess":
             raise ValueError("SGLang servers are other processes: use --sync=disk or --sync=nccl")
-        generator = SGLangGenerator(
-            SGLangConfig(
-                urls=tuple(_SGLANG_URLS.value),
-                weight_update="disk" if _SYNC.value == "disk" else "distributed",
-                checkpoint_root=_SYNC_DIR.value or str(log_dir / "sync"),
-                model_dir=str(model_dir),
-            )
-        )
+        generator = SGLangGenerator(sglang_config(model_dir, log_dir))
     return generator, functools.partial(_sync_into, generator)
+
+
+def sglang_config(model_dir: pathlib.Path, log_dir: pathlib.Path) -> SGLangConfig:
+    """The SGLang client's config from `--sglang_urls`, `--sync` and the `--sglang_*` sync flags."""
+    try:
+        tp_sizes = tuple(int(size) for size in _SGLANG_TP_SIZES.value) or None
+    except ValueError:
+        raise ValueError(f"--sglang_server_tp_sizes takes integers, got {_SGLANG_TP_SIZES.value}") from None
+    return SGLangConfig(
+        urls=tuple(_SGLANG_URLS.value),
+        weight_update="disk" if _SYNC.value == "disk" else "distributed",
+        checkpoint_root=_SYNC_DIR.value or str(log_dir / "sync"),
+        model_dir=str(model_dir),
+        server_tp_sizes=tp_sizes,
+        master_address=_SGLANG_MASTER_ADDRESS.value,
+        master_port=_SGLANG_MASTER_PORT.value,
+        backend=_SGLANG_SYNC_BACKEND.value,
+        rendezvous_timeout_s=_SGLANG_RENDEZVOUS_TIMEOUT.value,
+        weight_dtype=None if _SGLANG_WEIGHT_DTYPE.value == "auto" else _SGLANG_WEIGHT_DTYPE.value,
+    )
 
 
 def _sync_into(generator: Any, model: Transformer, version: int) -> None:
