@@ -3,11 +3,15 @@
 In-process sync is `rollout.weight_sync.sync(model, generator, version)`: HF-named DLPack views of the NNX
 parameters copied in place into a live TorchGenerator (after the first sync, which adopts the learner's memory
 layout, see `TorchGenerator.update_weights`). The baseline copies one buffer of the model's size into another in
-the same run. The disk path writes an atomic safetensors checkpoint and loads it into the generator.
+the same run. The disk path writes an atomic safetensors checkpoint and loads it into the generator, once in the
+learner's float32 and once in the dtype an SGLang server started with `--dtype auto` holds this model in (SGLang's
+rule applied to its config.json, `served_dtype`), the dtype `--sync=disk` and `--sync=nccl` send. Each row names
+its dtype and the bytes it moved (for the disk rows, the checkpoint file's size).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 
@@ -17,8 +21,9 @@ import torch
 from launch.benchmarks.common import Report, timed
 from models import hf_io
 from models.zoo import smollm2_135m_instruct
+from rollout.sglang_generator import served_dtype
 from rollout.torch_generator import TorchGenerator
-from rollout.transport import read_checkpoint
+from rollout.transport import CHECKPOINT_WEIGHTS_FILE, read_checkpoint
 from rollout.weight_sync import save_checkpoint, sync
 
 REPEATS = 5
@@ -47,34 +52,52 @@ def run() -> Report:
         sync_s += timed(in_process, repeats=1, warmup=0)
         memcpy_s += timed(memcpy, repeats=1, warmup=0)
 
+    learner_dtype = str(next(generator.model.parameters()).dtype).removeprefix("torch.")
+    server_dtype = served_dtype("auto", json.loads((model_dir / "config.json").read_text()))
+    disk_s, disk_bytes = {}, {}
     with tempfile.TemporaryDirectory() as root:
-        def via_disk() -> None:
-            version = next(versions)
-            checkpoint = save_checkpoint(model, f"{root}/policy-{version}", config_dir=model_dir)
-            generator.update_weights(read_checkpoint(checkpoint), version)
+        for dtype in dict.fromkeys((learner_dtype, server_dtype)):
+            def via_disk(dtype: str = dtype) -> None:
+                version = next(versions)
+                checkpoint = save_checkpoint(model, f"{root}/policy-{version}", config_dir=model_dir, dtype=dtype)
+                disk_bytes[dtype] = (checkpoint / CHECKPOINT_WEIGHTS_FILE).stat().st_size
+                generator.update_weights(read_checkpoint(checkpoint), version)
 
-        disk_s = timed(via_disk, repeats=2, warmup=1)
+            disk_s[dtype] = statistics.median(timed(via_disk, repeats=2, warmup=1))
 
-    sync_median, memcpy_median, disk_median = (statistics.median(s) for s in (sync_s, memcpy_s, disk_s))
+    sync_median, memcpy_median = statistics.median(sync_s), statistics.median(memcpy_s)
     ratio = sync_median / memcpy_median
     gigabytes = total_bytes / 1e9
+    disk_rows = [
+        (f"disk (atomic safetensors write + load){', as SGLang gets it' if dtype == server_dtype else ''}", dtype,
+         disk_bytes[dtype], disk_s[dtype], disk_bytes[dtype] / 1e9 / disk_s[dtype])
+        for dtype in disk_s
+    ]
     return Report(
         suite="sync",
-        columns=("path", "median_s", "GB_per_s"),
+        columns=("path", "dtype", "bytes", "median_s", "GB_per_s"),
         rows=[
-            ("in-process sync (Flax -> TorchGenerator)", sync_median, gigabytes / sync_median),
-            ("memcpy of the same bytes", memcpy_median, gigabytes / memcpy_median),
-            ("disk (atomic safetensors write + load)", disk_median, gigabytes / disk_median),
+            ("in-process sync (Flax -> TorchGenerator)", learner_dtype, total_bytes, sync_median,
+             gigabytes / sync_median),
+            ("memcpy of the same bytes", "uint8", total_bytes, memcpy_median, gigabytes / memcpy_median),
+            *disk_rows,
         ],
         figures={
             "model": "SmolLM2-135M-Instruct",
             "bytes": total_bytes,
             "in_process_sync_s": sync_median,
             "memcpy_s": memcpy_median,
-            "disk_sync_s": disk_median,
+            "disk_sync_s": disk_s[learner_dtype],
+            "sglang_weight_dtype": server_dtype,
+            "disk_bytes": disk_bytes,
+            "disk_sync_s_by_dtype": disk_s,
             "sync_over_memcpy": ratio,
             "goal_sync_over_memcpy": 2.0,
             "goal_met": ratio <= 2.0,
         },
-        notes=[f"in-process sync / memcpy: {ratio:.2f}x (goal <= 2x)"],
+        notes=[
+            f"in-process sync / memcpy: {ratio:.2f}x (goal <= 2x)",
+            f"disk sync in SGLang's {server_dtype}: {disk_bytes[server_dtype]:,} bytes, "
+            f"{disk_bytes[server_dtype] / disk_bytes[learner_dtype]:.2f}x the {learner_dtype} checkpoint's",
+        ],
     )
