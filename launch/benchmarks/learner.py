@@ -193,7 +193,7 @@ def accelerator_update(
             "dtype": "bfloat16 matmuls, float32 weights",
             "flax_tokens_per_s": round(n_tokens / median, 1),
             "flax_mfu": round(flops / median / peak, 4),
-            "update_tflops": round(flops / 1e12, 3),
+            "update_tflops": float(f"{flops / 1e12:.6g}"),  # significant digits, not decimals: small shapes too
             "bf16_matmul_tflops_per_s": round(peak / 1e12, 1),
         },
         notes=[
@@ -285,7 +285,7 @@ def cpu_comparison() -> Report:
             "goal_met": ratio >= GOAL_RATIO,
             "flax_mfu": round(flax_mfu, 4),
             "torch_mfu": round(torch_mfu, 4),
-            "update_tflops": round(flops / 1e12, 3),
+            "update_tflops": float(f"{flops / 1e12:.6g}"),
             "fp32_matmul_gflops_per_s": round(peak / 1e9, 1),
             "flax_compile_and_first_update_s": round(flax_compile_s, 1),
             "torch_threads": torch_threads,

@@ -3,14 +3,62 @@ shape of the same config: the path a GPU or TPU takes, minus the size."""
 
 import json
 
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
 from launch.benchmarks import learner as learner_suite
+from models import zoo
+from models.config import ModelConfig
+from models.transformer import Transformer
+
+SMALL = learner_suite.QWEN25_1_5B | {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+                                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                     "head_dim": 16}  # fmt: skip
+
+
+def _counted_update_flops(hf_config: dict, batch: int, prompt: int, completion: int) -> int:
+    """Forward + backward matmul FLOPs of one update, counted from the weight shapes of the model the learner builds
+    (abstract, so a 1.5B shape costs no memory): a [m, n] kernel does 2mn FLOPs per token forward and 4mn backward
+    (the input's and the weight's gradients); the tied embedding, read as the LM head, does the same on the
+    completion positions only; per layer and sequence of T tokens, attention's scores QK^T and weighted values PV
+    are two products of 2 T^2 d FLOPs each forward (d = heads x head_dim; every score is computed, masked or not),
+    three times that with backward."""
+    model = nnx.eval_shape(lambda: Transformer(ModelConfig.from_hf(hf_config), rngs=nnx.Rngs(0)))
+    shapes = {jax.tree_util.keystr(path): leaf.shape
+              for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))}  # fmt: skip
+    kernel_weights = sum(int(np.prod(shape)) for path, shape in shapes.items() if "['kernel']" in path)
+    vocab, hidden = shapes["['embed_tokens']['embedding'].value"]
+    q_width = shapes["['layers'][0]['self_attn']['q_proj']['kernel'].value"][1]
+    layers = 1 + max(int(path.split("['layers'][")[1].split("]")[0]) for path in shapes if "['layers']" in path)
+    length = prompt + completion
+    matmuls = 6 * kernel_weights * batch * length
+    head = 6 * vocab * hidden * batch * completion
+    attention = 3 * layers * batch * 2 * (2 * length * length * q_width)
+    return matmuls + head + attention
+
+
+def _shapes(name: str) -> tuple[dict, dict]:
+    if name == "test-sized":
+        return SMALL, dict(batch=4, prompt=16, completion=16)
+    if name == "accelerator":
+        return learner_suite.QWEN25_1_5B, learner_suite.ACCELERATOR_SHAPE
+    config = json.loads((zoo.smollm2_135m_instruct() / "config.json").read_text())
+    return config, dict(batch=learner_suite.BATCH, prompt=learner_suite.PROMPT, completion=learner_suite.COMPLETION)
+
+
+@pytest.mark.parametrize("name", ["test-sized", "accelerator", "cpu comparison"])
+def test_update_flops_match_a_count_from_the_model_weights(name):
+    hf_config, shape = _shapes(name)
+    batch, prompt, completion = shape["batch"], shape["prompt"], shape["completion"]
+    counted = _counted_update_flops(hf_config, batch, prompt, completion)
+    length = prompt + completion
+    assert learner_suite._update_flops(hf_config, batch * length, length, batch * completion) == counted
 
 
 def test_the_bf16_update_figure_runs_and_counts_its_tokens_and_model_flops():
-    small = learner_suite.QWEN25_1_5B | {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
-                                          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                          "head_dim": 16}  # fmt: skip
-    report = learner_suite.accelerator_update(small, batch=4, prompt=16, completion=16, micro_batch=2, matmul_size=256)
+    report = learner_suite.accelerator_update(SMALL, batch=4, prompt=16, completion=16, micro_batch=2, matmul_size=256)
 
     figures = report.figures
     (row,) = report.rows
@@ -18,7 +66,6 @@ def test_the_bf16_update_figure_runs_and_counts_its_tokens_and_model_flops():
     assert figures["batch"] == 4 and figures["micro_batch_size"] == 2
     assert tokens_per_s == 4 * 32 / median_s
     assert figures["flax_tokens_per_s"] == round(tokens_per_s, 1)
-    expected_flops = learner_suite._update_flops(small, 4 * 32, 32, 4 * 16)
-    assert figures["update_tflops"] == round(expected_flops / 1e12, 3)
+    assert figures["update_tflops"] == pytest.approx(_counted_update_flops(SMALL, 4, 16, 16) / 1e12, rel=1e-5)
     assert 0 < mfu < 1
     assert json.dumps(figures)  # the suite's JSON line must serialise
