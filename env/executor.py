@@ -44,7 +44,10 @@ class ExecutorConfig:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One executed step. `error` is None for a success; times are seconds since the execution started."""
+    """One executed step. `error` is None for a success; times are seconds since the execution started.
+
+    The measured times take no part in equality: a replay of the same execution equals it.
+    """
 
     index: int
     worker: int
@@ -56,10 +59,10 @@ class StepRecord:
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
-    latency_s: float
+    latency_s: float = dataclasses.field(compare=False)
     cached: bool
-    started_s: float
-    finished_s: float
+    started_s: float = dataclasses.field(compare=False)
+    finished_s: float = dataclasses.field(compare=False)
 
     @property
     def ok(self) -> bool:
@@ -71,14 +74,15 @@ class Execution:
     """The record of one round. `calls` counts steps that called their worker (cache hits excluded, failed calls
     included); `tokens` and `cost_usd`
     count every step's reply, cached or not, so rewards do not depend on the cache. `previous` is the earlier
-    recursion round, if any; `kept_previous` says this round's workflow was empty and kept its answer."""
+    recursion round, if any; `kept_previous` says this round's workflow was empty and kept its answer. `wall_s`, like
+    the steps' times, takes no part in equality."""
 
     final_answer: str
     steps: tuple[StepRecord, ...]
     calls: int
     tokens: int
     cost_usd: float
-    wall_s: float
+    wall_s: float = dataclasses.field(compare=False)
     previous: "Execution | None" = None
     kept_previous: bool = False
 

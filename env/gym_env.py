@@ -134,6 +134,8 @@ class ConductorEnv(gymnasium.Env):
         self._task: Task | None = None
         self._round = 0
         self._previous: Scored | None = None
+        self._episode_seed: int | None = None
+        self._closed = False
 
     # ---- prompts ----
 
@@ -164,9 +166,16 @@ class ConductorEnv(gymnasium.Env):
     # ---- scoring ----
 
     async def score(
-        self, task: Task, completion_text: str, *, sample_index: int = 0, previous: Scored | None = None
+        self,
+        task: Task,
+        completion_text: str,
+        *,
+        sample_index: int = 0,
+        previous: Scored | None = None,
+        executor_seed: int | None = None,
     ) -> Scored:
-        """Parse, execute, grade and reward one completion (a later round when `previous` is given)."""
+        """Parse, execute, grade and reward one completion (a later round when `previous` is given);
+        `executor_seed`, when given, replaces `ExecutorConfig.seed` (the gym API's per-episode seed)."""
         if previous is not None and previous.execution is None:
             raise ValueError("a recursion round needs a previous round with a valid workflow")
         round_index = 0 if previous is None else previous.round + 1
@@ -183,12 +192,15 @@ class ConductorEnv(gymnasium.Env):
         except WorkflowFormatError as error:
             total, components = reward(None, None, str(error), config.reward, previous_reward=previous_reward)
             return Scored(task.id, round_index, total, components, None, str(error), None, None)
+        executor = config.executor
+        if executor_seed is not None:
+            executor = dataclasses.replace(executor, seed=executor_seed)
         execution = await execute_async(
             workflow,
             task,
             self.world.pool,
             self.cache,
-            config=config.executor,
+            config=executor,
             sample_index=sample_index,
             previous=None if previous is None else previous.execution,
         )
@@ -240,8 +252,15 @@ class ConductorEnv(gymnasium.Env):
     # ---- gymnasium ----
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
-        """Next task in a seeded shuffled order (`seed` reshuffles); `options={"task_id": ...}` picks one."""
+        """Next task in a seeded shuffled order (`seed` reshuffles); `options={"task_id": ...}` picks one.
+
+        Each episode's worker draws take a seed from the env's generator (mixed with `ExecutorConfig.seed` when set),
+        so `reset(seed=...)` repeats the episodes after it, and successive episodes draw afresh.
+        """
         super().reset(seed=seed)
+        draw = int(self.np_random.integers(2**31))
+        base = self.config.executor.seed
+        self._episode_seed = draw if base is None else hash((base, draw)) & 0x7FFFFFFF
         if seed is not None:
             self._order = list(range(len(self.world.tasks)))
             random.Random(seed).shuffle(self._order)
@@ -263,7 +282,9 @@ class ConductorEnv(gymnasium.Env):
             raise RuntimeError("call reset() before step()")
         if not isinstance(action, str):
             raise TypeError(f"the action is the completion text, got {type(action).__name__}")
-        scored = self._runner.run(self.score(self._task, action, previous=self._previous))
+        scored = self._runner.run(
+            self.score(self._task, action, previous=self._previous, executor_seed=self._episode_seed)
+        )
         terminated = scored.round >= self.config.recursion_rounds or scored.parse_error is not None
         if terminated:  # the final observation repeats the prompt just answered; the next episode needs reset()
             observation = self.observation(self._task, self._previous)
@@ -274,6 +295,10 @@ class ConductorEnv(gymnasium.Env):
         return observation, scored.reward, terminated, False, scored.info()
 
     def close(self) -> None:
+        """Closes the workers' clients, the event loop and the grading pool; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._runner.run(aclose_workers(self.world.pool))
         self._runner.close()
         self._grading.shutdown()

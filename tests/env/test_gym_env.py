@@ -3,13 +3,16 @@ import collections
 import statistics
 import threading
 import time
+import warnings
 
 import gymnasium
 import pytest
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.utils.env_checker import check_env
 
 from env import prompts
 from env.executor import ExecutorConfig
-from env.gym_env import ConductorEnv, EnvConfig
+from env.gym_env import ConductorEnv, EnvConfig, TextSpace
 from env.rewards import RewardConfig
 from env.tasks import load as load_tasks
 from env.workflow import Step, Workflow, render_workflow
@@ -192,6 +195,70 @@ def test_the_env_is_a_gymnasium_env():
     env = ConductorEnv(scripted_world(ScriptedWorker("w")))
     assert isinstance(env, gymnasium.Env)
     assert isinstance(env.unwrapped, ConductorEnv)
+    env.close()
+
+
+class WorkflowTextSpace(TextSpace):
+    """The action space for `check_env`, which steps with `action_space.sample()`: the env's `TextSpace` samples "",
+    a format error that ends every episode before a worker runs; these samples are random valid workflows."""
+
+    def __init__(self, pool_size: int, max_steps: int) -> None:
+        super().__init__()
+        self.pool_size, self.max_steps = pool_size, max_steps
+
+    def sample(self, mask=None, probability=None) -> str:
+        count = int(self.np_random.integers(1, self.max_steps + 1))
+        workers = self.np_random.integers(self.pool_size, size=count)
+        steps = tuple(Step(int(w), f"Part {i} of the question.", "all" if i else ()) for i, w in enumerate(workers))
+        return render_workflow(Workflow(steps=steps))
+
+
+@pytest.mark.parametrize("recursion_rounds", [0, 1])
+@pytest.mark.parametrize("executor_seed", [None, 3])
+def test_gymnasium_check_env_passes(recursion_rounds, executor_seed):
+    """gymnasium's `check_env`, every warning an error, with a spec that declares the env deterministic (so the
+    seeded reset and step comparisons run; they hold with simulated workers, not with real LLMs) and random valid
+    workflows as the actions.
+
+    What it cannot check for text: the spaces' `contains` tests types only (a str; a list of role/content string
+    dicts), so "the observation is in its space" says nothing of whether it is the right prompt (the tests above
+    check that); the Box checks (bounds, dtype, normalisation) do not apply; random workflows reach execution,
+    grading and the recursion round, but say nothing of what a model writes; the `Workflow` and `Execution` in the
+    info are compared with `==` and not searched for shared objects (they are frozen). It found three defects, now
+    fixed: `reset(seed=...)` did not seed the workers' draws, the info's execution differed between replays by its
+    wall-clock times, and a second `close()` raised.
+    """
+    world = build_world(SyntheticWorldConfig(num_workers=3, num_tasks=8, skills=((0.5,) * 4,) * 3))
+    config = EnvConfig(recursion_rounds=recursion_rounds, executor=ExecutorConfig(seed=executor_seed))
+
+    def make() -> ConductorEnv:
+        env = ConductorEnv(world, config)
+        env.action_space = WorkflowTextSpace(len(world.pool), config.max_steps)
+        return env
+
+    env = make()
+    env.spec = EnvSpec("Conductor-v0", entry_point=make, nondeterministic=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env)
+    env.close()
+
+
+def test_a_seeded_reset_repeats_its_episodes_and_successive_episodes_draw_afresh():
+    world = build_world(SyntheticWorldConfig(num_workers=1, num_tasks=1, skills=((0.5,) * 4,)))
+    env = ConductorEnv(world)
+
+    def answers(seed: int) -> list[str]:
+        env.reset(seed=seed)
+        episodes = [env.step(ONE_STEP)[4]["execution"].final_answer]
+        for _ in range(15):
+            env.reset()
+            episodes.append(env.step(ONE_STEP)[4]["execution"].final_answer)
+        return episodes
+
+    first = answers(11)
+    assert answers(11) == first and answers(12) != first
+    assert len(set(first)) > 1  # one task, one workflow: only the episode's seed changes the draw
     env.close()
 
 
