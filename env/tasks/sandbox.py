@@ -1,20 +1,30 @@
 """Runs untrusted Python (generated code under test) in a separate, limited process.
 
 Layers, from the strongest:
-- a fresh network namespace (`unshare --net`) when the machine allows it: no interface but a down loopback, so
-  no connection can leave; probed once per process (`network_isolation()` says which layer is active);
-- when started as root, the child drops to a fresh unprivileged uid: it cannot read other users' files or
-  `/proc/<pid>/environ`, signal our processes or write where the uid has no permission, and RLIMIT_NPROC
-  (ignored for root) bounds its processes. Where the interpreter lives under a directory only root may enter
-  (here /root/.pyenv), that uid can import only what was loaded before the switch
-  (`sandbox_entry.PRELOAD_MODULES`, the standard library contest and test code uses; no numpy);
+- a kernel sandbox, the first of `KERNEL_LAYERS` that works here (`isolation_layer()` says which; each is
+  probed once per process by running a program through it):
+  - "bwrap" (bubblewrap): fresh user (as an ordinary user), PID, network, IPC and UTS namespaces; a fresh /proc,
+    a minimal /dev, the rest of the filesystem read-only and nosuid; empty tmpfs over /home, /root, /run,
+    /var/tmp and our home, and a private, size-capped /tmp; the interpreter and the entry script bound back
+    read-only where they sit under a hidden directory; only the working directory writable;
+  - "unshare" (util-linux): the same namespaces and the same view of the filesystem, built by
+    sandbox_entry.py itself inside the fresh mount namespace. As an ordinary user the namespaces belong to a
+    user namespace (`unshare --user --map-root-user`) whose root builds the view and then enters a nested user
+    namespace as the user again, so the program holds no capability anywhere;
+  as root either layer ends with the program under a fresh unprivileged uid (a block of uids per process), so
+  that RLIMIT_NPROC bounds it and it owns nothing outside its working directory. Where no kernel layer works,
+  `run_python` refuses with `SandboxUnavailable`, which names the fix, unless `allow_unsandboxed_code()` was
+  called (the launchers' `--allow_unsandboxed_code`);
 - kernel resource limits: CPU seconds, address space, process count, file size (which also bounds output,
   since stdout and stderr are files), open files; plus a wall-clock timeout enforced from here;
 - a temporary working directory (also HOME and TMPDIR) and an environment with nothing but PATH and locale;
 - an audit hook (sandbox_entry.py) refusing sockets, subprocesses, native libraries and writes outside the
-  working directory. Where `unshare` is not permitted this hook is what blocks the network; Python audit hooks
-  are not a security boundary against native code, which is why the kernel layers come first.
-Afterwards the whole process group and every process of the sandbox uid are killed and the directory removed.
+  working directory. Python audit hooks are not a security boundary (a program can find and disarm the hook,
+  or spawn processes through modules that raise no audit event), which is why the kernel layers come first;
+  without them ("none", opted in) the hook and the limits are all there is, and as root the program's fresh
+  uid must be able to read the interpreter to import anything.
+Afterwards the PID namespace is torn down (every process of the program dies with it), every process left under
+the sandbox uid is killed and the directory removed.
 """
 
 from __future__ import annotations
@@ -23,13 +33,16 @@ import dataclasses
 import functools
 import itertools
 import json
+import logging
 import os
+import pwd
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -39,6 +52,16 @@ _PROGRAM = "main.py"
 _UID_BASE = 200_000 + (os.getpid() % 4096) * 1024
 _uid_counter = itertools.count()
 _uid_lock = threading.Lock()
+KERNEL_LAYERS = ("bwrap", "unshare")
+# Covered by empty tmpfs inside the sandbox (the user's home is added); the first is the private, writable /tmp.
+_HIDDEN_DIRS = ("/tmp", "/var/tmp", "/run", "/home", "/root")
+_NAMESPACES = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child")
+_logger = logging.getLogger(__name__)
+_unsandboxed = {"allowed": False, "warned": False}
+
+
+class SandboxUnavailable(RuntimeError):
+    """No kernel layer works here and running untrusted code without one was not allowed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,16 +94,26 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out
 
 
-@functools.lru_cache(maxsize=1)
-def network_isolation() -> str:
-    """"namespace" when `unshare --net` works here, else "audit-hook" (sockets refused inside Python only)."""
-    if shutil.which("unshare") is None:
-        return "audit-hook"
-    try:
-        probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "audit-hook"
-    return "namespace" if probe.returncode == 0 else "audit-hook"
+def allow_unsandboxed_code(allowed: bool = True) -> None:
+    """Process-wide: where no kernel layer works, run untrusted code anyway, with only the resource limits, the
+    audit hook and (as root) a fresh uid. Off by default; meant for a machine whose every user is trusted."""
+    _unsandboxed["allowed"] = allowed
+
+
+@functools.lru_cache(maxsize=None)
+def layer_works(layer: str) -> bool:
+    """Whether the kernel layer `layer` runs a program here (a real sandboxed run, once per process)."""
+    if layer not in KERNEL_LAYERS:
+        raise ValueError(f"unknown sandbox layer {layer!r}; expected one of {KERNEL_LAYERS}")
+    if shutil.which(layer) is None:
+        return False
+    probe = _run_python_in(layer, "print('sandboxed')", "", {}, (), SandboxLimits(wall_s=30.0))
+    return probe.ok and probe.stdout == "sandboxed\n"
+
+
+def isolation_layer() -> str:
+    """The layer `run_python` uses here: the first of `KERNEL_LAYERS` that works, else "none"."""
+    return next((layer for layer in KERNEL_LAYERS if layer_works(layer)), "none")
 
 
 def run_python(
@@ -90,18 +123,41 @@ def run_python(
     files: Mapping[str, str] | None = None,
     argv: Sequence[str] = (),
     limits: SandboxLimits = SandboxLimits(),
+    layer: str | None = None,
 ) -> SandboxResult:
     """Runs `source` as `__main__` in a fresh sandbox with `files` (relative name -> text) in its working
-    directory. Thread-safe; never raises for anything the program does."""
+    directory, under `layer` (default `isolation_layer()`). Thread-safe; never raises for anything the program
+    does; raises `SandboxUnavailable` where no kernel layer works unless `allow_unsandboxed_code()` was called."""
     for name in files or {}:
         if os.path.isabs(name) or ".." in Path(name).parts or name == _PROGRAM:
             raise ValueError(f"sandbox file name {name!r} must be a plain relative path other than {_PROGRAM}")
+    layer = isolation_layer() if layer is None else layer
+    if layer not in (*KERNEL_LAYERS, "none"):
+        raise ValueError(f"unknown sandbox layer {layer!r}; expected one of {(*KERNEL_LAYERS, 'none')}")
+    if layer == "none":
+        if not _unsandboxed["allowed"]:
+            raise SandboxUnavailable(
+                "no kernel sandbox works on this machine for running generated code: install bubblewrap "
+                "(apt-get install bubblewrap) or enable unprivileged user namespaces (sysctl "
+                "kernel.unprivileged_userns_clone=1, or kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu); "
+                "or, on a machine whose every user is trusted, opt in with EnvConfig.allow_unsandboxed_code "
+                "(--allow_unsandboxed_code)"
+            )
+        if not _unsandboxed["warned"]:
+            _unsandboxed["warned"] = True
+            _logger.warning("running generated code WITHOUT a kernel sandbox: only resource limits and an audit hook")
+    return _run_python_in(layer, source, stdin, files or {}, argv, limits)
+
+
+def _run_python_in(
+    layer: str, source: str, stdin: str, files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits
+) -> SandboxResult:
     uid = _next_uid() if os.getuid() == 0 else None
     workdir = Path(tempfile.mkdtemp(prefix="sandbox-"))
     private = Path(tempfile.mkdtemp(prefix="sandbox-io-"))
     try:
         _write(workdir / _PROGRAM, source)
-        for name, text in (files or {}).items():
+        for name, text in files.items():
             _write(workdir / name, text)
         if uid is not None:
             for path in (workdir, *workdir.rglob("*")):
@@ -109,18 +165,84 @@ def run_python(
         _write(private / "stdin", stdin)
         config = {
             "workdir": str(workdir),
-            "uid": uid,
             "program": str(workdir / _PROGRAM),
             "argv": list(argv),
             "limits": dataclasses.asdict(limits),
+            "view": None,
+            "drop": None if uid is None else {"uid": uid},
         }
-        command = [sys.executable, "-I", "-B", str(_ENTRY), json.dumps(config)]
-        if network_isolation() == "namespace":
-            command = ["unshare", "--net", "--", *command]
+        command = [sys.executable, "-I", "-B", str(_ENTRY)]
+        if layer == "bwrap":
+            command = [*_bwrap_command(_view(str(workdir), limits), str(workdir), as_root=uid is not None), *command]
+        elif layer == "unshare":
+            config["view"] = _view(str(workdir), limits)
+            if uid is None:
+                command = ["unshare", "--user", "--map-root-user", *_NAMESPACES, "--", *command]
+                config["drop"] = {"userns": [os.getuid(), os.getgid()]}
+            else:
+                command = ["unshare", *_NAMESPACES, "--", *command]
+        command.append(json.dumps(config))
         return _run(command, workdir, private, uid, limits)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.rmtree(private, ignore_errors=True)
+
+
+def _view(workdir: str, limits: SandboxLimits) -> dict:
+    """What the sandbox sees: the directories to cover with empty tmpfs ("hide"; "tmp" the writable one), and the
+    paths under them to bind back read-only ("expose": the interpreter and the entry script)."""
+    candidates = [*_HIDDEN_DIRS, pwd.getpwuid(os.getuid()).pw_dir]
+    existing = [os.path.realpath(path) for path in candidates if os.path.isdir(path)]
+    hide = _outermost([path for path in existing if path != "/"])
+    interpreter = {sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(_ENTRY)}
+    needed = interpreter | {os.path.realpath(path) for path in interpreter}
+    expose = _outermost([path for path in needed if any(_is_under(path, hidden) for hidden in hide)])
+    tmp = os.path.realpath(_HIDDEN_DIRS[0])
+    return {"hide": hide, "tmp": tmp, "expose": expose, "tmp_bytes": limits.max_file_mb << 20}
+
+
+def _bwrap_command(view: dict, workdir: str, as_root: bool) -> list[str]:
+    """bwrap's arguments for `view`. As an ordinary user bwrap makes a user namespace and drops every capability
+    itself; as root it makes no user namespace and keeps only CAP_SETUID and CAP_SETGID, which the entry script
+    spends on switching to the sandbox uid (bwrap also sets no_new_privs and mounts everything nosuid)."""
+    command = ["bwrap", "--die-with-parent", "--new-session"]
+    if as_root:
+        command += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                    "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        command += ["--unshare-all"]
+    size = str(view["tmp_bytes"])
+    command += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+                "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
+    for hidden in view["hide"]:
+        if hidden == view["tmp"]:
+            command += ["--perms", "1777", "--size", size, "--tmpfs", hidden]
+        else:
+            command += ["--perms", "0755", "--tmpfs", hidden]
+    for path, how in [*((path, "--ro-bind") for path in view["expose"]), (workdir, "--bind")]:
+        hidden = next((hidden for hidden in view["hide"] if _is_under(path, hidden)), None)
+        if hidden is not None:
+            for parent in reversed(Path(path).parents):
+                if _is_under(str(parent), hidden) and str(parent) != hidden:
+                    command += ["--perms", "0755", "--dir", str(parent)]
+        command += [how, path, path]
+    for hidden in view["hide"]:
+        if hidden != view["tmp"]:
+            command += ["--remount-ro", hidden]
+    return [*command, "--remount-ro", "/dev", "--chdir", "/", "--"]
+
+
+def _is_under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _outermost(paths: Sequence[str]) -> list[str]:
+    """`paths` without duplicates and without those inside another of them, shortest first."""
+    kept: list[str] = []
+    for path in sorted(set(paths), key=len):
+        if not any(_is_under(path, outer) for outer in kept):
+            kept.append(path)
+    return kept
 
 
 def _run(command: list[str], workdir: Path, private: Path, uid: int | None, limits: SandboxLimits) -> SandboxResult:
@@ -161,13 +283,21 @@ def _run(command: list[str], workdir: Path, private: Path, uid: int | None, limi
 
 
 def _kill_everything(process: subprocess.Popen, uid: int | None) -> None:
-    """Kills the session's process group and, with a sandbox uid, every process left under that uid (children
-    that started their own session), until none is left."""
+    """Kills the sandbox: the init of its PID namespace (the child of bwrap or unshare; the whole namespace dies
+    with it, and it is gone only once the rest is), the session's process group and, with a sandbox uid, every
+    process left under that uid (children that started their own session), until none is left."""
+    inits = _children_of(process.pid) if process.poll() is None else []
+    for pid in inits:
+        _sigkill(pid)
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     process.wait()
+    for _ in range(1000):
+        if not any(_alive(pid) for pid in inits):
+            break
+        time.sleep(0.005)
     if uid is None:
         return
     for _ in range(100):
@@ -175,10 +305,36 @@ def _kill_everything(process: subprocess.Popen, uid: int | None) -> None:
         if not survivors:
             return
         for pid in survivors:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _sigkill(pid)
+
+
+def _sigkill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _children_of(parent: int) -> list[int]:
+    return [pid for pid, ppid, _ in _process_table() if ppid == parent]
+
+
+def _alive(pid: int) -> bool:
+    return any(entry == pid and state != b"Z" for entry, _, state in _process_table(pid))
+
+
+def _process_table(only: int | None = None) -> list[tuple[int, int, bytes]]:
+    """(pid, parent pid, state) of every process, or of `only`."""
+    names = [str(only)] if only is not None else [name for name in os.listdir("/proc") if name.isdigit()]
+    table = []
+    for name in names:
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        table.append((int(name), int(fields[1]), fields[0]))
+    return table
 
 
 def _processes_of(uid: int) -> list[int]:

@@ -1,28 +1,21 @@
 """First code run inside a sandboxed child process (started by env/tasks/sandbox.py; not imported by the package).
 
-Usage: python -I -B sandbox_entry.py CONFIG_JSON. In order it sets the resource limits, drops to an unprivileged
-user id when started as root, installs an audit hook and then runs the program as `__main__`. The limits and the
-user id are enforced by the kernel; the audit hook is a second layer that turns attempts to open sockets, start
-processes, load native libraries or write outside the working directory into a PermissionError.
+Usage: python -I -B sandbox_entry.py CONFIG_JSON. Two stages:
+- setup, only where the config asks for it: under the `unshare` layer it builds the sandbox's view of the
+  filesystem inside the fresh mount namespace (`view`), then it leaves its privileges (`drop`): started as root
+  it switches to the sandbox's uid; started as an ordinary user, who is root of a user namespace only for the
+  setup, it enters a nested user namespace as that user again, so no capability survives the exec that follows.
+  Building a view needs ctypes, so afterwards the process re-executes this file for the run stage: the program
+  starts in a fresh interpreter that has loaded nothing it could borrow.
+- run: kernel resource limits, an audit hook (a second layer that turns sockets, processes, native libraries and
+  writes outside the working directory into a PermissionError), then the program as `__main__`.
 """
 
-import importlib
 import json
 import os
 import resource
-import runpy
 import sys
 
-# Imported before dropping privileges: where the interpreter lives in a directory only root may enter (here
-# /root/.pyenv), the unprivileged uid cannot import anything not already loaded. This is the standard library a
-# test program or a contest solution commonly uses.
-PRELOAD_MODULES = (
-    "abc", "array", "ast", "bisect", "calendar", "cmath", "collections", "collections.abc", "contextlib", "copy",
-    "csv", "ctypes", "dataclasses", "datetime", "decimal", "difflib", "enum", "fractions", "functools", "gc",
-    "hashlib", "heapq", "io", "itertools", "json", "math", "numbers", "operator", "pkgutil", "pprint", "queue",
-    "random", "re", "statistics", "string", "struct", "textwrap", "time", "traceback", "types", "typing",
-    "unicodedata", "unittest", "warnings", "zlib",
-)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _PATH_EVENTS = {
     "os.remove": 1, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1, "os.chown": 1, "os.truncate": 1,
@@ -33,6 +26,105 @@ _FORBIDDEN_EVENTS = {
     "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
     "os.kill", "os.killpg", "os.setuid", "ctypes.dlopen", "ctypes.dlsym", "sys.addaudithook",
 }
+
+# Linux ABI constants (<sys/mount.h>, <linux/mount.h>, <sched.h>, <linux/prctl.h>); mount_setattr(2) has the
+# same number on every architecture.
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _AT_RECURSIVE, _AT_FDCWD = 0x1, 0x2, 0x8000, -100
+_SYS_MOUNT_SETATTR = 442
+_CLONE_NEWUSER = 0x10000000
+_PR_SET_NO_NEW_PRIVS = 38
+_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def _native():
+    """libc through ctypes, for the setup stage only (the run stage is a fresh interpreter), and an error check."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result, what):
+        if result != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"sandbox setup: {what}: {os.strerror(error)}")
+
+    return ctypes, libc, check
+
+
+def _build_view(view, workdir):
+    """Inside a fresh mount and PID namespace, as (namespace) root: a fresh /proc, everything read-only and
+    nosuid, a minimal /dev, empty tmpfs over the hidden directories (/tmp writable and size-capped), the paths in
+    `view["expose"]` bound back read-only and the working directory bound writable; no new privileges after."""
+    ctypes, libc, check = _native()
+
+    def mount(source, target, fstype, flags, data=None):
+        def encode(text):
+            return None if text is None else os.fsencode(text)
+
+        check(libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), encode(data)),
+              f"mount {target}")
+
+    def set_attributes(path, set_flags=0, clear_flags=0, recursive=False):
+        attributes = (ctypes.c_uint64 * 4)(set_flags, clear_flags, 0, 0)  # struct mount_attr
+        check(libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_long(_AT_FDCWD), os.fsencode(path),
+                           ctypes.c_long(_AT_RECURSIVE if recursive else 0), attributes,
+                           ctypes.c_long(ctypes.sizeof(attributes))), f"mount_setattr {path}")
+
+    def bind(fd, target, is_dir):
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        if is_dir:
+            os.makedirs(target, mode=0o755, exist_ok=True)
+        elif not os.path.exists(target):
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT, 0o644))
+        mount(f"/proc/self/fd/{fd}", target, None, _MS_BIND)
+
+    # What the view binds back is opened before the directories holding it are covered.
+    sources = {path: os.open(path, os.O_PATH) for path in (workdir, *view["expose"])}
+    devices = {name: os.open(f"/dev/{name}", os.O_PATH) for name in _DEVICES if os.path.exists(f"/dev/{name}")}
+    mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    set_attributes("/", _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, recursive=True)
+    mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+
+    private_size = f"size={view['tmp_bytes']}"
+    mount("tmpfs", "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=65536")
+    for name, fd in devices.items():
+        bind(fd, f"/dev/{name}", is_dir=False)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{name}")
+    os.mkdir("/dev/shm")
+    mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,{private_size}")
+    set_attributes("/dev", _MOUNT_ATTR_RDONLY)
+
+    for hidden in view["hide"]:
+        mode = "1777" if hidden == view["tmp"] else "0755"
+        mount("tmpfs", hidden, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode={mode},{private_size}")
+    for path in view["expose"]:
+        bind(sources[path], path, os.path.isdir(f"/proc/self/fd/{sources[path]}"))
+    bind(sources[workdir], workdir, is_dir=True)
+    set_attributes(workdir, clear_flags=_MOUNT_ATTR_RDONLY)
+    for hidden in view["hide"]:
+        if hidden != view["tmp"]:
+            set_attributes(hidden, _MOUNT_ATTR_RDONLY)
+    for fd in (*sources.values(), *devices.values()):
+        os.close(fd)
+    check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def _drop(drop):
+    """Leaves root: a real one switches to the sandbox uid; the root of a user namespace enters a nested one that
+    maps the ordinary user back, so the exec that follows clears every capability."""
+    if "uid" in drop:
+        os.setgroups([])
+        os.setgid(drop["uid"])
+        os.setuid(drop["uid"])
+        return
+    _, libc, check = _native()
+    uid, gid = drop["userns"]
+    check(libc.unshare(_CLONE_NEWUSER), "nested user namespace")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} 0 1"), ("gid_map", f"{gid} 0 1")):
+        with open(f"/proc/self/{name}", "w") as handle:
+            handle.write(text)
 
 
 def _set_limits(limits):
@@ -47,15 +139,6 @@ def _set_limits(limits):
     cap(resource.RLIMIT_CORE, 0)
 
 
-def _drop_privileges(uid):
-    if os.getuid() == 0 and uid is not None:
-        for module in PRELOAD_MODULES:
-            importlib.import_module(module)
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-
-
 def _install_audit_hook(workdir):
     inside = workdir.rstrip(os.sep) + os.sep
 
@@ -64,7 +147,7 @@ def _install_audit_hook(workdir):
             return True
         if isinstance(path, bytes):
             path = os.fsdecode(path)
-        absolute = os.path.normpath(os.path.join(workdir, os.fspath(path)))
+        absolute = os.path.normpath(os.path.join(os.getcwd(), os.fspath(path)))
         return absolute == workdir or absolute.startswith(inside)
 
     def hook(event, args):
@@ -88,12 +171,30 @@ def _install_audit_hook(workdir):
 
 def main():
     config = json.loads(sys.argv[1])
+    if config["view"]:
+        _build_view(config["view"], config["workdir"])
+    if config["drop"]:
+        _drop(config["drop"])
+    if config["view"]:
+        run_stage = {**config, "view": None, "drop": None}
+        os.execv(sys.executable, [sys.executable, "-I", "-B", __file__, json.dumps(run_stage)])
     _set_limits(config["limits"])
-    _drop_privileges(config["uid"])
+    os.chdir(config["workdir"])
     _install_audit_hook(config["workdir"])
     sys.argv = [config["program"], *config["argv"]]
     sys.path.insert(0, config["workdir"])
-    runpy.run_path(config["program"], run_name="__main__")
+    _run_as_main(config["program"])
+
+
+def _run_as_main(path):
+    """Runs the file at `path` as `__main__`, importing nothing (runpy would import pkgutil lazily, which a
+    fresh uid cannot where it may not read the interpreter's directory)."""
+    with open(path, "rb") as handle:
+        code = compile(handle.read(), path, "exec")
+    main = type(sys)("__main__")
+    main.__file__ = path
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
 
 
 if __name__ == "__main__":

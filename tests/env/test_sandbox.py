@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,7 +20,9 @@ import pytest
 from env.tasks import sandbox
 from env.tasks.base import Task
 from env.tasks.code import CodeTests, grade_code
-from env.tasks.sandbox import SandboxLimits, network_isolation, run_python
+from env.tasks.sandbox import KERNEL_LAYERS, SandboxLimits, SandboxUnavailable, run_python
+from tests.env import unprivileged
+from tests.env.unprivileged import SandboxJob
 
 FAST = SandboxLimits(cpu_s=2, wall_s=5.0, memory_mb=512)
 
@@ -188,23 +194,6 @@ def test_opening_a_socket_to_a_live_local_server_fails(leaves_nothing_behind):
     assert accepted == []
 
 
-@pytest.mark.skipif(network_isolation() != "namespace", reason="network namespaces are not permitted here")
-def test_network_namespace_alone_blocks_connections():
-    """The kernel layer without the audit hook: plain Python in `unshare --net` cannot reach our server."""
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-    try:
-        probe = subprocess.run(
-            ["unshare", "--net", sys.executable, "-c",
-             f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)"],
-            capture_output=True, text=True, timeout=30,
-        )
-    finally:
-        server.close()
-    assert probe.returncode != 0
-    assert "Errno" in probe.stderr or "unreachable" in probe.stderr.lower()
-
-
 def test_output_flood_is_cut_by_the_file_size_limit(leaves_nothing_behind):
     limits = SandboxLimits(cpu_s=5, wall_s=10.0, max_file_mb=1, max_output_chars=10_000)
     result = run_python("while True:\n    print('x' * 1000)", limits=limits)
@@ -218,3 +207,283 @@ def test_limits_are_validated():
         SandboxLimits(cpu_s=1.5)
     with pytest.raises(ValueError, match="plain relative path"):
         run_python("pass", files={"../escape.py": ""})
+
+
+def test_an_unknown_layer_is_refused():
+    with pytest.raises(ValueError, match="unknown sandbox layer"):
+        run_python("pass", layer="chroot")
+
+
+# ------------------------------------------------------------------------------------------------- the kernel layers
+# Each hostile program runs as root (this process; the sandbox switches to a fresh uid) and as an unprivileged
+# user (nobody, through tests/env/unprivileged.py), under each kernel layer that works here. A program prints "ok"
+# only when its attack got through. Where the audit hook would stop an attack, the program first disarms it (the
+# hook is a Python function that gc.get_objects() finds), so what must hold is the kernel layer.
+
+DISARM_AUDIT_HOOK = """\
+import gc
+
+
+def _disarm_audit_hooks():
+    disarmed = 0
+    for candidate in gc.get_objects():
+        code = getattr(candidate, "__code__", None)
+        if code is None or code.co_name != "hook" or code.co_argcount != 2:
+            continue
+        names = code.co_freevars
+        source = "def outer():\\n" + "".join(f"    {name} = None\\n" for name in names)
+        source += "    def hook(event, args):\\n" + "".join(f"        {name}\\n" for name in names)
+        source += "        return None\\n    return hook\\n"
+        scope = {}
+        exec(source, scope)
+        candidate.__code__ = scope["outer"]().__code__
+        disarmed += 1
+    assert disarmed, "no audit hook found"
+
+
+_disarm_audit_hooks()
+"""
+SECRET = "sk-test-sandbox-secret"
+USERS = ("root", "nobody")
+
+
+def _hostile_programs(outside: Path, marker: str, port: int) -> dict[str, SandboxJob]:
+    """Attacks that print "ok" when they get through; spawned shells carry `marker` in their command line and try
+    to plant a file in `outside` (a directory anyone may write to, outside every sandbox directory)."""
+    target = str(outside / "planted")
+    shell = f"echo x > {target}; while :; do sleep 1; done"
+    planted = f"import os, time\ntime.sleep(0.5)\nif os.path.exists({target!r}):\n    print('ok')\n"
+    read_environments = f"""
+import os
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        if {SECRET!r} in open(f'/proc/{{pid}}/environ').read():
+            print('ok')
+            break
+    except OSError:
+        pass
+"""
+    libc_open = f"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.open({target.encode()!r}, os.O_WRONLY | os.O_CREAT, 0o666) < 0:
+    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+print('ok')
+"""
+    fork_exec = f"""
+import _posixsubprocess, os
+read_end, write_end = os.pipe()
+_posixsubprocess.fork_exec(
+    [b'/bin/sh', b'-c', {shell.encode()!r}, {marker.encode()!r}], [b'/bin/sh'], True, (write_end,), None, None,
+    -1, -1, -1, -1, -1, -1, read_end, write_end, True, True, -1, None, None, None, -1, None, False,
+)
+"""
+    fork = f"""
+import os
+if os.fork() == 0:
+    os.setsid()
+    os.execv('/bin/sh', ['sh', '-c', {shell!r}, {marker!r}])
+"""
+    return {
+        "infinite loop": SandboxJob("while True:\n    pass\nprint('ok')", SandboxLimits(cpu_s=1, wall_s=10.0)),
+        "fork flood": SandboxJob(
+            DISARM_AUDIT_HOOK + "import os\nwhile True:\n    os.fork()\n", SandboxLimits(cpu_s=2, wall_s=3.0)
+        ),
+        "10 GB allocation": SandboxJob("x = bytearray(10 * 1024 ** 3)\nprint('ok')"),
+        "write outside the working directory": SandboxJob(
+            DISARM_AUDIT_HOOK + f"open({target!r}, 'w').write('x')\nprint('ok')"
+        ),
+        "socket to a live local server": SandboxJob(
+            DISARM_AUDIT_HOOK
+            + f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('ok')"
+        ),
+        "the parent's environment": SandboxJob(DISARM_AUDIT_HOOK + read_environments),
+        "ctypes: libc open": SandboxJob(DISARM_AUDIT_HOOK + libc_open),
+        "ctypes: libc system": SandboxJob(
+            DISARM_AUDIT_HOOK + f"import ctypes\nctypes.CDLL(None).system({f'sh -c {shell!r} {marker} &'.encode()!r})\n"
+            + planted
+        ),
+        "sys.modules: preloaded modules to borrow": SandboxJob(
+            "import sys\nif {'ctypes', '_ctypes', '_posixsubprocess'} & set(sys.modules):\n    print('ok')\n"
+        ),
+        "_posixsubprocess.fork_exec": SandboxJob(fork_exec + planted),
+        "posix.posix_spawn": SandboxJob(
+            DISARM_AUDIT_HOOK
+            + f"import posix\nposix.posix_spawn('/bin/sh', ['sh', '-c', {shell!r}, {marker!r}], {{}}, setsid=True)\n"
+            + planted
+        ),
+        "os.fork": SandboxJob(DISARM_AUDIT_HOOK + fork + planted),
+    }
+
+
+@pytest.fixture(scope="module")
+def nobody():
+    runner, reason = unprivileged.start({"SANDBOX_TEST_SECRET": SECRET})
+    if runner is None:
+        pytest.skip(reason)
+    yield runner
+    unprivileged.stop(runner)
+
+
+@pytest.fixture(scope="module")
+def nobody_layers(nobody) -> dict[str, bool]:
+    return nobody.layers()
+
+
+@pytest.fixture
+def outside():
+    """A directory anyone may write to, where the sandbox shows the real filesystem (read-only)."""
+    path = Path(tempfile.mkdtemp(prefix=".sandbox-target-", dir=Path(__file__).parent))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture
+def live_server():
+    """A local TCP server that records every connection it accepts: (port, accepted)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    accepted: list = []
+    done = threading.Event()
+
+    def accept_for_a_while():
+        while not done.is_set():
+            try:
+                accepted.append(server.accept())
+            except (socket.timeout, OSError):
+                continue
+
+    listener = threading.Thread(target=accept_for_a_while)
+    listener.start()
+    yield server.getsockname()[1], accepted
+    done.set()
+    listener.join()
+    server.close()
+
+
+def _runner_for(user: str, layer: str, request):
+    """None for root (this process), else the unprivileged runner; skips where `layer` does not work for `user`."""
+    if user == "root":
+        if os.getuid() != 0:
+            pytest.skip("this process is not root")
+        if not sandbox.layer_works(layer):
+            pytest.skip(f"the {layer} layer does not work here (is it installed?)")
+        return None
+    if not request.getfixturevalue("nobody_layers")[layer]:
+        pytest.skip(f"the {layer} layer does not work here for an unprivileged user (is it installed?)")
+    return request.getfixturevalue("nobody")
+
+
+def _run_jobs(runner, jobs: list[SandboxJob], layer: str) -> list[sandbox.SandboxResult]:
+    if runner is None:
+        return [
+            run_python(job.source, stdin=job.stdin, files=job.files, limits=job.limits, layer=layer) for job in jobs
+        ]
+    return runner.run(jobs, layer)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        try:
+            if entry.name.isdigit() and text.encode() in Path(entry.path, "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return pids
+
+
+@pytest.mark.parametrize("layer", KERNEL_LAYERS)
+@pytest.mark.parametrize("user", USERS)
+def test_hostile_programs_get_nothing_and_leave_nothing(
+    user, layer, request, outside, live_server, monkeypatch, leaves_nothing_behind
+):
+    runner = _runner_for(user, layer, request)
+    monkeypatch.setenv("SANDBOX_TEST_SECRET", SECRET)
+    port, accepted = live_server
+    marker = f"sandbox-marker-{uuid.uuid4().hex}"
+    programs = _hostile_programs(outside, marker, port)
+    results = dict(zip(programs, _run_jobs(runner, list(programs.values()), layer)))
+    assert {name: result.stderr[-300:] for name, result in results.items() if "ok" in result.stdout.split()} == {}
+    # The kernel, not the disarmed audit hook, is what refused.
+    assert "Read-only file system" in results["write outside the working directory"].stderr
+    assert "Read-only file system" in results["ctypes: libc open"].stderr
+    # A fresh network namespace: no route out (unshare) or only its own loopback, where nothing listens (bwrap).
+    socket_error = results["socket to a live local server"].stderr.splitlines()[-1]
+    assert "Network is unreachable" in socket_error or "Connection refused" in socket_error
+    assert list(outside.iterdir()) == [] and accepted == []
+    assert _processes_mentioning(marker) == []
+    if runner is not None:
+        assert _processes_mentioning(str(runner.directory)) == []
+
+
+@pytest.mark.parametrize("layer", KERNEL_LAYERS)
+@pytest.mark.parametrize("user", USERS)
+def test_the_program_sees_a_private_tmp_no_home_a_read_only_system_and_its_own_pids(
+    user, layer, request, leaves_nothing_behind
+):
+    runner = _runner_for(user, layer, request)
+    marker = uuid.uuid4().hex
+    program = DISARM_AUDIT_HOOK + f"""
+import json, os, sys
+open('/tmp/escaped-{marker}', 'w').write('x')
+report = {{'uid': os.getuid(), 'root': sorted(os.listdir('/root')), 'home': os.listdir('/home'),
+          'tmp': sorted(os.listdir('/tmp')), 'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit())}}
+for directory in ('/etc', sys.prefix, '/dev', '/root', '/home', '/run'):
+    path = os.path.join(directory, 'planted-{marker}')
+    try:
+        open(path, 'w')
+    except OSError as error:
+        report.setdefault('write errors', []).append(error.strerror)
+print(json.dumps(report))
+"""
+    (result,) = _run_jobs(runner, [SandboxJob(program)], layer)
+    assert result.ok, result.stderr
+    report = json.loads(result.stdout)
+    assert not (Path(tempfile.gettempdir()) / f"escaped-{marker}").exists()
+    assert f"escaped-{marker}" in report["tmp"] and len(report["tmp"]) <= 3  # + the working and entry directories
+    assert report["home"] == []
+    # /root shows only the way to an interpreter that lives there (bound back read-only), nobody's none.
+    exposed = sandbox._view("/tmp/x", FAST)["expose"] if user == "root" else []
+    assert set(report["root"]) == {Path(path).parts[2] for path in exposed if path.startswith("/root/")}
+    assert report["write errors"] == ["Read-only file system"] * 6
+    assert max(report["pids"]) <= 2  # a fresh PID namespace: its init and the program
+    if user == "root":
+        assert sandbox._UID_BASE <= report["uid"] < sandbox._UID_BASE + 1024
+    else:
+        assert report["uid"] == unprivileged.NOBODY
+
+
+def test_the_strongest_layer_that_works_is_chosen(monkeypatch):
+    if not sandbox.layer_works("unshare"):
+        pytest.skip("namespaces do not work here")
+    assert sandbox.isolation_layer() == ("bwrap" if sandbox.layer_works("bwrap") else "unshare")
+    if shutil.which("bwrap"):
+        assert sandbox.layer_works("bwrap")
+    monkeypatch.setattr(sandbox, "layer_works", lambda layer: layer == "unshare")
+    assert sandbox.isolation_layer() == "unshare"
+    monkeypatch.setattr(sandbox, "layer_works", lambda layer: False)
+    assert sandbox.isolation_layer() == "none"
+
+
+def test_without_a_kernel_layer_untrusted_code_is_refused_unless_allowed(monkeypatch, caplog):
+    monkeypatch.setattr(sandbox, "layer_works", lambda layer: False)
+    with pytest.raises(SandboxUnavailable) as refusal:
+        run_python("print('ok')", limits=FAST)
+    for fix in ("bubblewrap", "kernel.unprivileged_userns_clone=1", "kernel.apparmor_restrict_unprivileged_userns=0",
+                "--allow_unsandboxed_code"):
+        assert fix in str(refusal.value)
+    with pytest.raises(SandboxUnavailable):
+        _scores("print('ok')")
+    monkeypatch.setitem(sandbox._unsandboxed, "warned", False)
+    sandbox.allow_unsandboxed_code()
+    try:
+        with caplog.at_level(logging.WARNING, logger=sandbox.__name__):
+            result = run_python("print('ok')", limits=FAST)
+    finally:
+        sandbox.allow_unsandboxed_code(False)
+    assert result.ok and result.stdout == "ok\n"
+    assert "WITHOUT a kernel sandbox" in caplog.text
+    with pytest.raises(SandboxUnavailable):
+        run_python("print('ok')", limits=FAST)
