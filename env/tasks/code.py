@@ -46,13 +46,14 @@ def grade_code(response_text: str, gold: CodeTests) -> float:
     code = extract_code(response_text)
     if not code.strip():
         return 0.0
+    program, files = grading_program(code, gold)
+    return float(run_python(program, files=files, limits=gold.limits).ok)
+
+
+def grading_program(code: str, gold: CodeTests) -> tuple[str, dict[str, str]]:
+    """The program that runs `gold`'s tests on `code`, and the files it needs in its working directory; it exits
+    with status 0 exactly when every test passes."""
     if gold.kind == "humaneval":
-        program = f"{gold.prompt}{code}\n\n{gold.test_code}\n\ncheck({gold.entry_point})\n"
-        return float(run_python(program, limits=gold.limits).ok)
+        return f"{gold.prompt}{code}\n\n{gold.test_code}\n\ncheck({gold.entry_point})\n", {}
     tests = {"kind": gold.kind, "func_name": gold.entry_point, "cases": [list(case) for case in gold.cases]}
-    result = run_python(
-        _HARNESS.read_text(encoding="utf-8"),
-        files={"solution.py": code, "tests.json": json.dumps(tests)},
-        limits=gold.limits,
-    )
-    return float(result.ok)
+    return _HARNESS.read_text(encoding="utf-8"), {"solution.py": code, "tests.json": json.dumps(tests)}
