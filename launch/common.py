@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import os
 import pathlib
 from typing import Any, Callable, Sequence
@@ -40,6 +41,8 @@ from rollout import weight_sync
 from rollout.sglang_generator import SGLangConfig, SGLangGenerator
 from rollout.torch_generator import TorchGenerator
 from rollout.types import SamplingParams
+
+log = logging.getLogger(__name__)
 
 # -- the Conductor ------------------------------------------------------------------------------------------------
 
@@ -106,6 +109,12 @@ _EXPECTED_GRADES = flags.DEFINE_boolean(
     "expected_grades", False,
     "Grade a synthetic or replay worker's final answer by its probability of being right (for a replay worker, what "
     "its recorded outcome says) instead of a 0/1 draw: same expected reward and accuracy, no draw variance.",
+)
+_ALLOW_UNSANDBOXED_CODE = flags.DEFINE_boolean(
+    "allow_unsandboxed_code", False,
+    "Where no kernel sandbox works (neither bubblewrap nor user namespaces), run the generated programs of code "
+    "tasks anyway, with only resource limits and a Python audit hook, which a program can get past: only on a "
+    "machine whose every user and file you would trust that program with. Off: such a machine refuses code tasks.",
 )
 
 # -- the reward ---------------------------------------------------------------------------------------------------
@@ -299,13 +308,28 @@ def build_env(tasks: Sequence[str] | None = None) -> ConductorEnv:
         max_concurrency=_MAX_CONCURRENCY.value,
         seed=_SEED.value,
         expected_grades=_EXPECTED_GRADES.value,
+        allow_unsandboxed_code=_ALLOW_UNSANDBOXED_CODE.value,
         executor=ExecutorConfig(
             max_tokens=_WORKER_MAX_TOKENS.value, temperature=_WORKER_TEMPERATURE.value, seed=_SEED.value
         ),
         reward=rewards,
     )
     cache = ResponseCache(_CACHE.value) if _CACHE.value else None
-    return ConductorEnv(world, config, cache)
+    env = ConductorEnv(world, config, cache)
+    if env.sandbox_layer is not None:
+        _log_sandbox_layer(env.sandbox_layer)
+    return env
+
+
+@functools.cache
+def _log_sandbox_layer(layer: str) -> None:
+    if layer == "none":
+        log.warning(
+            "--allow_unsandboxed_code: code tasks run generated programs WITHOUT a kernel sandbox (no bubblewrap, no "
+            "user namespaces here); only resource limits and an audit hook stand between them and this machine"
+        )
+    else:
+        log.info("code tasks run generated programs in the %s sandbox", layer)
 
 
 def rollout_metrics(scored: Scored) -> dict[str, float]:

@@ -3,8 +3,11 @@
     python -m launch.serve --conductor=runs/replay/conductor_final --world=synthetic --port=8000
 
 `GET /v1/models` lists the one served model; `POST /v1/chat/completions` (plain or `"stream": true` server-sent
-events ending in `data: [DONE]`) takes the last user message as the question, samples a workflow from the
-Conductor, executes it over the pool and replies with the final answer. The extra response field `conductor` holds
+events ending in `data: [DONE]`) takes the last user message as the question, asks the Conductor for a workflow,
+executes it over the pool and replies with the final answer. The Conductor has `--format_attempts` tries to write a
+workflow that parses: the first greedy (at the request's `temperature` if it gives one), the rest sampled together at
+the serving temperature (the one the Conductor was trained at, from `trained_sampling.json`, unless `--temperature`
+is given; the request's if it gives one above 0); the first that parses runs. The extra response field `conductor` holds
 what a user needs to audit the answer: the workflow, every step's worker, input visibility, response or error,
 tokens, cost and timing. A request may carry `conductor_options`:
 
@@ -13,7 +16,11 @@ tokens, cost and timing. A request may carry `conductor_options`:
 - `max_steps`: a tighter step limit than the server's, stated in the prompt and enforced by the parser.
 
 Invalid requests get a 4xx in OpenAI's error shape. A worker failure is a failed step in the audit record and
-degrades the answer; a Conductor reply that is no valid workflow gives an empty answer and its parse error.
+degrades the answer. A request with no answer is an error in the same shape, with the audit record beside it as
+`conductor`: 422 (`code` "invalid_workflow", the last parse error in `message`) when no attempt parses, 502 (`code`
+"workers_failed") when the workflow's answering step (its last) fails, with every failed step's error. A streamed
+request's events are all sent once the workflow has run, so these errors reach it as the same status and JSON body,
+before any event.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ retain_freed_memory(restart=__name__ == "__main__")
 import asyncio
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import pathlib
@@ -52,7 +60,11 @@ _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
 _MODEL_NAME = flags.DEFINE_string("served_model_name", "conductor", "The model id clients ask for.")
 _WORK_DIR = flags.DEFINE_string("workdir", "runs/serve", "Where a 'tiny' Conductor is written.")
 _FORMAT_ATTEMPTS = flags.DEFINE_integer(
-    "format_attempts", 1, "Workflows sampled per request; the first that parses runs."
+    "format_attempts", 3,
+    "Tries per request at a workflow that parses: the first greedy, the rest sampled at the serving temperature "
+    "(--temperature, default the one the Conductor was trained at); the first that parses runs, and a request none "
+    "parses for is answered 422.",
+    lower_bound=1,
 )
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -67,23 +79,34 @@ class RequestError(Exception):
         self.message, self.param, self.status, self.code = message, param, status, code
 
 
-def _error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> web.Response:
+class AnswerError(Exception):
+    """A request the Conductor and its pool could not answer, answered as `{"error": {...}, "conductor": audit}`."""
+
+    def __init__(self, message: str, *, status: int, code: str, audit: dict[str, Any]):
+        super().__init__(message)
+        self.message, self.status, self.code, self.audit = message, status, code, audit
+
+
+def _error_response(
+    status: int, message: str, param: str | None = None, code: str | None = None, **extra: Any
+) -> web.Response:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}, **extra},
                              status=status)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
 class ServeConfig:
-    """`sampling` is the Conductor's default sampling; a request may change its temperature, top_p and token
-    limit (never above `sampling.max_new_tokens`)."""
+    """`sampling` is the Conductor's default sampling, whose temperature is the serving temperature of the attempts
+    after the first (`attempt_temperatures`); a request may change its temperature, top_p and token limit (never
+    above `sampling.max_new_tokens`)."""
 
     model_name: str = "conductor"
     max_steps: int = 5
     access_mode: AccessMode = "binary"
-    sampling: SamplingParams = SamplingParams(temperature=0.0, max_new_tokens=1024)
+    sampling: SamplingParams = SamplingParams(temperature=1.0, max_new_tokens=1024)
     executor: ExecutorConfig = ExecutorConfig()
-    format_attempts: int = 1
+    format_attempts: int = 3
 
     def __post_init__(self) -> None:
         check_settings(1, self.max_steps, self.access_mode)
@@ -105,6 +128,15 @@ class Answer:
     audit: dict[str, Any]
     prompt_tokens: int
     completion_tokens: int
+
+
+def attempt_temperatures(requested: float | None, serving: float, attempts: int) -> tuple[float, ...]:
+    """The temperature of each try at a workflow: the first greedy (or the request's temperature), the rest at the
+    request's temperature if above 0, else the serving one. Greedy retries would repeat the first, so there are
+    none."""
+    first = 0.0 if requested is None else requested
+    retry = requested if requested else serving
+    return (first,) + (retry,) * (attempts - 1) if retry > 0 else (first,)
 
 
 def _no_gold(response_text: str, gold: Any) -> float:
@@ -177,36 +209,48 @@ class ConductorService:
         digest = hashlib.sha256(question.encode()).hexdigest()[:16]
         return Task(id=f"request/{digest}", domain="request", question=question, gold=None, grader=_no_gold)
 
-    async def answer(self, question: str, options: RequestOptions, sampling: SamplingParams) -> Answer:
+    async def answer(
+        self, question: str, options: RequestOptions, sampling: SamplingParams, temperatures: Sequence[float]
+    ) -> Answer:
+        """The executed workflow's answer; `temperatures` are the tries at a workflow (`attempt_temperatures`).
+        Raises `AnswerError` when no try parses or the answering step fails."""
         allowed = [w for w in range(len(self.pool)) if w not in options.excluded]
         messages = prompts.conductor_messages(question, len(allowed), options.max_steps, self.config.access_mode)
         prompt_ids = render_chat(self.tokenizer, messages, prompts.CONDUCTOR_PREFIX)
-        async with self._generation:
-            groups = await asyncio.to_thread(
-                self.generator.generate, [prompt_ids], sampling, self.config.format_attempts
-            )
-        completions = groups[0]
-        workflow, parse_error, text = None, None, ""
-        for completion in completions:
-            text = self.tokenizer.decode(list(completion.completion_ids), skip_special_tokens=True)
-            try:
-                workflow = parse_workflow(prompts.CONDUCTOR_PREFIX + text, len(allowed), options.max_steps,
-                                          self.config.access_mode)  # fmt: skip
+        workflow, text, attempts, completion_tokens = None, "", [], 0
+        # Tries at one temperature are sampled in one call: one batch costs about what one row does.
+        for temperature, tries in itertools.groupby(temperatures):
+            params = dataclasses.replace(sampling, temperature=temperature)
+            async with self._generation:
+                groups = await asyncio.to_thread(self.generator.generate, [prompt_ids], params, len(list(tries)))
+            completion_tokens += sum(len(completion.completion_ids) for completion in groups[0])
+            for completion in groups[0]:
+                text = self.tokenizer.decode(list(completion.completion_ids), skip_special_tokens=True)
+                try:
+                    workflow = parse_workflow(prompts.CONDUCTOR_PREFIX + text, len(allowed), options.max_steps,
+                                              self.config.access_mode)  # fmt: skip
+                    attempts.append({"temperature": temperature, "parse_error": None})
+                    break
+                except WorkflowFormatError as error:
+                    attempts.append({"temperature": temperature, "parse_error": str(error)})
+            if workflow is not None:
                 break
-            except WorkflowFormatError as error:
-                parse_error = str(error)
         audit: dict[str, Any] = {
             "workers": self.worker_names(),
             "excluded_workers": list(options.excluded),
             "max_steps": options.max_steps,
-            "attempts": len(completions),
+            "attempts": attempts,
             "conductor_text": prompts.CONDUCTOR_PREFIX + text,
         }
-        usage = (len(prompt_ids), sum(len(c.completion_ids) for c in completions))
+        usage = (len(prompt_ids), completion_tokens)
         if workflow is None:
-            audit.update(parse_error=parse_error, workflow=None, steps=[], worker_calls=0, worker_tokens=0,
-                         cost_usd=0.0, failed_steps=0)  # fmt: skip
-            return Answer("", audit, *usage)
+            audit.update(parse_error=attempts[-1]["parse_error"], workflow=None, steps=[], worker_calls=0,
+                         worker_tokens=0, cost_usd=0.0, failed_steps=0)  # fmt: skip
+            raise AnswerError(
+                f"the Conductor wrote no valid workflow in {len(attempts)} attempt(s) at temperatures "
+                f"{[a['temperature'] for a in attempts]}; the last: {attempts[-1]['parse_error']}",
+                status=422, code="invalid_workflow", audit=audit,
+            )
         # The Conductor saw the allowed workers as ids 0..k-1; run its steps on the pool members they stand for.
         pooled = Workflow(
             steps=tuple(Step(allowed[s.worker], s.instruction, s.access) for s in workflow.steps),
@@ -215,6 +259,13 @@ class ConductorService:
         execution = await execute_async(pooled, self._task(question), self.pool, self.cache,
                                         config=self.config.executor)  # fmt: skip
         audit.update(parse_error=None, reasoning=workflow.reasoning, **_execution_audit(pooled, execution))
+        if not execution.steps[-1].ok:
+            failed = "; ".join(f"step {r.index} ({r.worker_name}): {r.error}" for r in execution.steps if not r.ok)
+            raise AnswerError(
+                f"the workflow's answering step failed ({execution.failed_steps} of {len(execution.steps)} steps "
+                f"failed): {failed}",
+                status=502, code="workers_failed", audit=audit,
+            )
         return Answer(execution.final_answer, audit, *usage)
 
 
@@ -336,8 +387,14 @@ class ChatServer:
             return await handler(request)
         except RequestError as error:
             return _error_response(error.status, error.message, error.param, error.code)
+        except AnswerError as error:
+            logging.warning("%s %s: %s", request.method, request.path, error.message)
+            return _error_response(error.status, error.message, code=error.code, conductor=error.audit)
         except web.HTTPException as error:  # unknown route, wrong method, body too large
             return _error_response(error.status, f"{request.method} {request.path}: {error.reason}")
+        except Exception as error:
+            logging.exception("%s %s failed", request.method, request.path)
+            return _error_response(500, f"{type(error).__name__}: {error}")
 
     @property
     def model_name(self) -> str:
@@ -369,11 +426,15 @@ class ChatServer:
         if not isinstance(stream, bool):
             raise RequestError("stream must be a boolean", param="stream")
         sampling = request_sampling(body, self.service.config.sampling)
+        temperatures = attempt_temperatures(
+            _number(body, "temperature", 0.0, 2.0), self.service.config.sampling.temperature,
+            self.service.config.format_attempts,
+        )
         options = self.service.options(body.get("conductor_options"))
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        answer = await self.service.answer(question, options, sampling, temperatures)
         if stream:
-            return await self._stream(request, completion_id, question, options, sampling)
-        answer = await self.service.answer(question, options, sampling)
+            return await self._stream(request, completion_id, answer)
         return web.json_response({
             "id": completion_id,
             "object": "chat.completion",
@@ -386,10 +447,9 @@ class ChatServer:
             "conductor": answer.audit,
         })  # fmt: skip
 
-    async def _stream(
-        self, request: web.Request, completion_id: str, question: str, options: RequestOptions,
-        sampling: SamplingParams,
-    ) -> web.StreamResponse:  # fmt: skip
+    async def _stream(self, request: web.Request, completion_id: str, answer: Answer) -> web.StreamResponse:
+        """The answer as server-sent chunks. It exists only once the whole workflow has run, so nothing is sent
+        before: a request without an answer gets its error status instead of a stream."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
 
@@ -404,17 +464,7 @@ class ChatServer:
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra,
             }  # fmt: skip
 
-        # The role goes out at once; the answer exists only once the whole workflow has run.
         await send(chunk({"role": "assistant", "content": ""}))
-        try:
-            answer = await self.service.answer(question, options, sampling)
-        except Exception as error:  # the status line is sent; report the failure in the stream, as OpenAI does
-            logging.exception("request %s failed", completion_id)
-            await send({"error": {"message": f"{type(error).__name__}: {error}", "type": "server_error",
-                                  "param": None, "code": None}})  # fmt: skip
-            await send("[DONE]")
-            await response.write_eof()
-            return response
         if answer.content:
             await send(chunk({"content": answer.content}))
         await send(chunk({}, "stop", usage=_usage(answer), conductor=answer.audit))

@@ -6,6 +6,12 @@ sequences with `lax.scan`; because every loss is a sum of per-token terms with w
 mini-batch (`rl.losses.aggregation_weights`), the accumulated gradient equals the full mini-batch gradient whatever
 the split.
 
+A batch may hold any number of rows (with recursion rounds it changes every iteration): a batch that does not split
+into mini-batches ends with a shorter one, and every mini-batch is padded to one row count, a multiple of the
+micro-batch and of the data-parallel devices, with rows that carry no loss (`Trajectories.padded`). Those rows count
+in no denominator, token mean or gradient, so each step is that of its real rows; the steps of an update share a
+shape, so they share a compiled program.
+
 Old log-probs (the denominator of the policy ratio) are the learner's own at the weights that sampled the batch.
 The first optimizer step of an update runs at those weights, so its mini-batch takes the stop-gradient of its
 current log-probs (no extra forward pass). Every other mini-batch needs them from a pass of its own before the first
@@ -58,7 +64,11 @@ OldLogprobs = Literal["recompute", "sampler"]
 class OptimizerConfig:
     """AdamW with linear warmup from 0, then a cosine decay to 0 at `total_steps` or a constant rate.
 
-    Steps are optimizer steps: `num_iterations * (batch size / mini_batch_size)` per `Learner.update`.
+    Steps are optimizer steps, `optimizer_steps_per_update` of them per `Learner.update`; the schedule advances by
+    the steps actually taken. When the batch's row count varies (recursion rounds), size `total_steps` for the
+    largest batch an iteration can hold, as `launch.train` does: a schedule sized for fewer steps would reach its end
+    part-way through the run and hold a cosine's rate at 0 from there on, while one sized for the largest batch
+    only ends the run short of its last steps (the rate still above 0) when batches were smaller.
     `max_grad_norm` clips the global gradient norm before AdamW (None: no clipping).
     """
 
@@ -117,8 +127,10 @@ class OptimizerConfig:
 class LearnerConfig:
     """How `Learner.update` turns a batch into optimizer steps.
 
-    mini_batch_size: sequences per optimizer step (None: the whole batch, one step per pass).
+    mini_batch_size: sequences per optimizer step (None: the whole batch, one step per pass); a batch that does not
+        split into them ends with a shorter mini-batch.
     micro_batch_size: sequences per forward/backward pass (None: the whole mini-batch); only memory depends on it.
+        Mini-batches are padded with rows that carry no loss to a multiple of it (see the module docstring).
     logprob_chunk_size: sequence chunk for log-softmax, so [batch, time, vocab] logits never exist whole.
     temperature: the sampling temperature; log-probs are log_softmax(logits / temperature) as the sampler's are.
     share_prompts: encode a prompt once per block of consecutive rows that share it (see the module docstring);
@@ -169,6 +181,15 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
         if self.temperature <= 0:
             raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
+
+
+def optimizer_steps_per_update(rows: int, mini_batch_size: int | None, num_iterations: int) -> int:
+    """Optimizer steps `Learner.update` takes on `rows` rows: one per mini-batch (the last may be shorter), per pass."""
+    return num_iterations * -(-rows // (mini_batch_size or rows))
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 def _split_rows(tree, parts: int):
@@ -289,6 +310,7 @@ class _Step:
     batch: Trajectories
     model_rows: ModelRows
     token_weights: jax.Array
+    real_rows: int  # of `batch`'s rows, those that are not padding
     ref_logprobs: jax.Array | None = None
 
 
@@ -333,10 +355,21 @@ class Learner:
         return 1 if self.mesh is None else self.mesh.shape["fsdp"]
 
     def _rows_per_pass(self, rows: int) -> int:
-        per_pass = self.config.micro_batch_size or min(self.config.mini_batch_size or rows, rows)
+        """Rows per forward/backward pass over `rows` rows of one mini-batch (a micro-batch, or all of them)."""
+        per_pass = self.config.micro_batch_size or rows
         if rows % per_pass:
             raise ValueError(f"{rows} rows do not split into micro-batches of {per_pass}")
         return per_pass
+
+    def _mini_batches(self, batch: Trajectories) -> list[tuple[Trajectories, int]]:
+        """The mini-batches of `batch` in order, each with its number of real rows, padded to one row count:
+        `mini_batch_size` (the whole batch without one, or when the batch is smaller) rounded up to a multiple of
+        the micro-batch and of the data-parallel devices (see the module docstring)."""
+        rows = batch.batch_size
+        step_rows = min(self.config.mini_batch_size or rows, rows)
+        padded_rows = _round_up(step_rows, math.lcm(self.config.micro_batch_size or 1, self._data_parallel))
+        parts = [batch.rows(slice(start, start + step_rows)) for start in range(0, rows, step_rows)]
+        return [(part.padded(padded_rows), part.batch_size) for part in parts]
 
     def _prompt_block(self, batch: Trajectories) -> int:
         if not self.config.share_prompts:
@@ -386,9 +419,10 @@ class Learner:
         tokens, positions, attention_mask = (np.asarray(array)[run] for array in columns)
         return self._place(ModelRows(tokens, positions, attention_mask, source.astype(np.int32), prompt_block))
 
-    def _step(self, mini_batch: Trajectories, *, first_step: bool) -> _Step | None:
-        """The rows of `mini_batch` its optimizer step runs (None: none, its gradient is zero), with their weights in
-        the whole mini-batch's aggregation, each trimmed to its own length bucket and placed on the devices."""
+    def _step(self, mini_batch: Trajectories, real_rows: int, *, first_step: bool) -> _Step | None:
+        """The rows of `mini_batch` (its first `real_rows` real, the rest padding) its optimizer step runs (None:
+        none, its gradient is zero), with their weights in the whole mini-batch's aggregation, each trimmed to its
+        own length bucket and placed on the devices."""
         run = self._rows_to_run(mini_batch, first_step=first_step)
         if not len(run):
             return None
@@ -396,12 +430,17 @@ class Learner:
         # Trimming drops only leading prompt columns, where every weight is 0.
         batch = mini_batch.rows(run).trimmed()
         token_weights = token_weights[:, mini_batch.length - batch.length:]
-        return _Step(self._place(batch), self._model_rows(batch), self._place(token_weights))
+        return _Step(
+            self._place(batch), self._model_rows(batch), self._place(token_weights), int((run < real_rows).sum())
+        )
 
     def logprobs(self, batch: Trajectories) -> jax.Array:
         """log_softmax(logits / temperature) of each token from `batch.completion_start` on under the current
-        weights, [B, T] float32 (earlier columns, prompt only, are 0)."""
-        return self._logprobs(self.params, self._model_rows(batch), batch.completion_start)
+        weights, [B, T] float32 (earlier columns, prompt only, are 0). Runs in the passes an update would."""
+        return jnp.concatenate([
+            self._logprobs(self.params, self._model_rows(mini_batch), mini_batch.completion_start)[:real_rows]
+            for mini_batch, real_rows in self._mini_batches(batch)
+        ])
 
     def _logprobs(self, params, rows: ModelRows, completion_start: int) -> jax.Array:
         return _batch_logprobs(
@@ -412,14 +451,12 @@ class Learner:
     def update(self, batch: Trajectories) -> dict[str, float]:
         """Optimise on `batch`; returns metrics averaged over this update's optimizer steps."""
         rows = batch.batch_size
-        mini = self.config.mini_batch_size or rows
-        if rows % mini:
-            raise ValueError(f"batch of {rows} sequences does not split into mini-batches of {mini}")
-        self._rows_per_pass(mini)
+        mini_batches = self._mini_batches(batch)
         # Each step is padded only as far as its own longest prompt: one long question no longer makes every
         # optimizer step of the update run at its length.
         steps = [
-            self._step(batch.rows(slice(start, start + mini)), first_step=start == 0) for start in range(0, rows, mini)
+            self._step(mini_batch, real_rows, first_step=index == 0)
+            for index, (mini_batch, real_rows) in enumerate(mini_batches)
         ]
         # The update's first step runs at the sampling weights and takes its own log-probs as the old ones.
         for index, step in enumerate(steps):
@@ -460,11 +497,13 @@ class Learner:
         if self.config.old_logprobs == "sampler":
             # Later steps compare the sampler with itself; only the first step measures the learner against it.
             averaged |= {name: float(value) for name, value in step_metrics[0].items() if name.startswith("mismatch/")}
-        rows_run = sum(0 if step is None else step.batch.batch_size for step in steps)
+        rows_run = sum(0 if step is None else step.real_rows for step in steps)
         model_rows = sum(0 if step is None else step.model_rows.tokens.shape[0] for step in steps)
+        padding_rows = sum(mini_batch.batch_size - real_rows for mini_batch, real_rows in mini_batches)
         return averaged | {
             "lr": float(np.mean(learning_rates)),
             "optimizer_steps": float(len(step_metrics)),
             "skipped_rows": 1.0 - rows_run / rows,
             "model_rows": model_rows / rows,
+            "padding_rows": padding_rows / rows,
         }

@@ -58,6 +58,22 @@ class Trajectories:
         """The sub-batch of the given rows (a slice or an index array)."""
         return jax.tree.map(lambda array: array[index], self)
 
+    def padded(self, rows: int) -> "Trajectories":
+        """These rows followed by copies of the last one with an empty loss mask and a zero advantage, `rows` in all.
+        A row without loss tokens counts in no aggregation denominator or token mean and has no gradient, so the
+        copies change no loss, gradient or metric; being copies, they keep the last prompt block whole and run once
+        where duplicates do (`distinct_rows`)."""
+        extra = rows - self.batch_size
+        if extra < 0:
+            raise ValueError(f"cannot pad {self.batch_size} rows to {rows}")
+        if extra == 0:
+            return self
+        copies = self.rows(np.full(extra, self.batch_size - 1))
+        copies = copies.replace(
+            loss_mask=np.zeros_like(copies.loss_mask), advantages=np.zeros_like(copies.advantages)
+        )
+        return jax.tree.map(lambda mine, theirs: np.concatenate([mine, theirs]), self, copies)
+
     def trimmed(self) -> "Trajectories":
         """These rows in the smallest length bucket that holds their longest prompt and the completion block:
         leading columns that are padding in every row are dropped. Runs on the host (the shape is static)."""

@@ -18,7 +18,7 @@ from aiohttp import web
 from env import tasks as task_library
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch.serve import ChatServer, ConductorService, ServeConfig
+from launch.serve import ChatServer, ConductorService, ServeConfig, attempt_temperatures
 from models import zoo
 from models.testing import tiny_hf_model_dir
 from models.tokenizer import load_tokenizer
@@ -33,11 +33,16 @@ def tokenizer():
 
 
 class ScriptedGenerator:
-    """A `Generator` whose every completion is `text` in the tokenizer's ids; records prompts and how many
-    generate calls overlapped."""
+    """A `Generator` whose completions are `text` in the tokenizer's ids (a list: its texts in turn, across calls,
+    the last repeating); records prompts, sampling params, completions asked for and how many generate calls
+    overlapped."""
 
-    def __init__(self, tokenizer, text: str, delay_s: float = 0.0) -> None:
-        self.ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+    def __init__(self, tokenizer, text: str | list[str], delay_s: float = 0.0) -> None:
+        texts = [text] if isinstance(text, str) else text
+        self.scripted = [tuple(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        self.ids = self.scripted[0]
+        self.returned = 0
+        self.counts: list[int] = []
         self.tokenizer = tokenizer
         self.delay_s = delay_s
         self.prompts: list[str] = []
@@ -58,8 +63,16 @@ class ScriptedGenerator:
         self.prompts.extend(self.tokenizer.decode(list(p)) for p in prompt_ids)
         self.prompt_lengths.extend(len(p) for p in prompt_ids)
         self.params.append(params)
-        return [[Completion(tuple(p), self.ids, (0.0,) * len(self.ids), "stop", 0) for _ in range(n)]
-                for p in prompt_ids]  # fmt: skip
+        self.counts.append(n)
+        groups = []
+        for p in prompt_ids:
+            group = []
+            for _ in range(n):
+                ids = self.scripted[min(self.returned, len(self.scripted) - 1)]
+                self.returned += 1
+                group.append(Completion(tuple(p), ids, (0.0,) * len(ids), "stop", 0))
+            groups.append(group)
+        return groups
 
     def close(self):
         self.closed = True
@@ -174,25 +187,27 @@ def test_concurrent_requests_all_succeed_and_generation_is_serialised(tokenizer)
 
 
 def test_excluded_workers_are_hidden_and_the_conductors_ids_map_to_the_rest(tokenizer):
-    server, _ = synthetic_server(tokenizer, workflow_text(Step(0, "Solve it."), Step(1, "Check it.", "all")))
+    server, tasks = synthetic_server(tokenizer, workflow_text(Step(0, "Solve it."), Step(1, "Check it.", "all")))
     with ServerThread(server) as running:
         reply = running.client.chat.completions.create(
-            model="conductor", messages=[{"role": "user", "content": "What is 2 + 2?"}],
+            model="conductor", messages=[{"role": "user", "content": tasks[0].question}],
             extra_body={"conductor_options": {"exclude_workers": [0, "synthetic-2"]}},
         )  # fmt: skip
-        capped = running.client.chat.completions.create(
-            model="conductor", messages=[{"role": "user", "content": "What is 2 + 2?"}],
-            extra_body={"conductor_options": {"max_steps": 1}},
-        )  # fmt: skip
+        capped = httpx.post(f"{running.base_url}/chat/completions", timeout=60, json={
+            "model": "conductor", "messages": [{"role": "user", "content": "What is 2 + 2?"}],
+            "conductor_options": {"max_steps": 1},
+        })  # fmt: skip
     audit = reply.model_extra["conductor"]
     assert audit["excluded_workers"] == [0, 2]
     assert [s["worker_name"] for s in audit["steps"]] == ["synthetic-1", "synthetic-3"]
-    first_prompt, second_prompt = server.service.generator.prompts
+    first_prompt, *second_prompts = server.service.generator.prompts  # the second request: greedy, then samples
+    second_prompt = second_prompts[0]
+    assert second_prompts == [second_prompt] * 2
     assert "Model id 1" in first_prompt and "Model id 2" not in first_prompt
     assert "at most 1 step." in second_prompt
-    assert capped.choices[0].message.content == ""
-    assert "more than the limit of 1" in capped.model_extra["conductor"]["parse_error"]
-    assert capped.model_extra["conductor"]["workflow"] is None
+    assert capped.status_code == 422
+    assert "more than the limit of 1" in capped.json()["error"]["message"]
+    assert capped.json()["conductor"]["workflow"] is None
 
 
 def test_a_failing_worker_degrades_the_answer_but_not_the_server(tokenizer):
@@ -210,6 +225,80 @@ def test_a_failing_worker_degrades_the_answer_but_not_the_server(tokenizer):
         steps = reply.model_extra["conductor"]["steps"]
         assert "HTTP 500" in steps[0]["error"] and steps[1]["error"] is None and steps[1]["visible"] == []
         assert reply.model_extra["conductor"]["failed_steps"] == 1
+
+
+def test_a_conductor_that_writes_no_valid_workflow_gets_a_422_with_the_parse_error(tokenizer):
+    server, _ = synthetic_server(tokenizer, "model_id = [0]\nsubtasks = [[]]", format_attempts=3,
+                                 sampling=SamplingParams(temperature=0.7, max_new_tokens=64))  # fmt: skip
+    body = {"model": "conductor", "messages": [{"role": "user", "content": "What is 17 + 25?"}]}
+    with ServerThread(server) as running:
+        plain = httpx.post(f"{running.base_url}/chat/completions", json=body, timeout=60)
+        streamed = httpx.post(f"{running.base_url}/chat/completions", json={**body, "stream": True}, timeout=60)
+        with pytest.raises(openai.UnprocessableEntityError, match="no valid workflow in 3 attempt"):
+            running.client.chat.completions.create(**body)
+    for reply in (plain, streamed):  # a stream sends no event before it knows there is an answer
+        assert reply.status_code == 422 and reply.headers["content-type"].startswith("application/json")
+        error = reply.json()["error"]
+        assert error["code"] == "invalid_workflow" and error["type"] == "invalid_request_error"
+        assert "at temperatures [0.0, 0.7, 0.7]" in error["message"] and "missing list" in error["message"]
+        audit = reply.json()["conductor"]
+        assert audit["workflow"] is None and audit["parse_error"] in error["message"]
+        assert [a["temperature"] for a in audit["attempts"]] == [0.0, 0.7, 0.7]
+    # greedy alone, then the two samples in one call, for each of the three requests
+    assert [p.temperature for p in server.service.generator.params] == [0.0, 0.7] * 3
+    assert server.service.generator.counts == [1, 2] * 3
+
+
+def test_greedy_comes_first_and_a_sample_that_parses_is_answered(tokenizer):
+    valid = workflow_text(Step(1, "Solve it."))
+    server, tasks = synthetic_server(tokenizer, ["no workflow", valid, "no workflow"], skills=PERFECT,
+                                     format_attempts=3,
+                                     sampling=SamplingParams(temperature=0.7, max_new_tokens=64))  # fmt: skip
+    with ServerThread(server) as running:
+        reply = running.client.chat.completions.create(
+            model="conductor", messages=[{"role": "user", "content": tasks[0].question}]
+        )
+    assert reply.choices[0].message.content == task_library.reference_response(tasks[0])
+    audit = reply.model_extra["conductor"]
+    assert [(a["temperature"], a["parse_error"] is None) for a in audit["attempts"]] == [(0.0, False), (0.7, True)]
+    assert audit["workflow"][0]["worker"] == 1
+    generator = server.service.generator
+    assert [p.temperature for p in generator.params] == [0.0, 0.7] and generator.counts == [1, 2]
+    assert reply.usage.completion_tokens == sum(len(ids) for ids in generator.scripted)  # all three generated
+
+
+@pytest.mark.parametrize(
+    "requested, serving, attempts, expected",
+    [
+        (None, 0.7, 3, (0.0, 0.7, 0.7)),  # greedy, then the serving temperature
+        (None, 0.7, 1, (0.0,)),
+        (0.0, 0.7, 3, (0.0, 0.7, 0.7)),  # greedy asked for: still samples when greedy fails
+        (0.4, 0.7, 3, (0.4, 0.4, 0.4)),  # the request's temperature throughout
+        (None, 0.0, 3, (0.0,)),  # a greedy server has nothing new to try
+    ],
+)  # fmt: skip
+def test_attempt_temperatures(requested, serving, attempts, expected):
+    assert attempt_temperatures(requested, serving, attempts) == expected
+
+
+def test_a_request_whose_answering_step_fails_gets_a_502_with_the_workers_errors(tokenizer):
+    text = workflow_text(Step(0, "Solve it."), Step(1, "Check it.", "all"))
+    pool = [ScriptedWorker("down-0", fail=True), ScriptedWorker("down-1", fail=True)]
+    server = ChatServer(ConductorService(ScriptedGenerator(tokenizer, text), tokenizer, pool))
+    body = {"model": "conductor", "messages": [{"role": "user", "content": "3 + 4?"}]}
+    with ServerThread(server) as running:
+        plain = httpx.post(f"{running.base_url}/chat/completions", json=body, timeout=60)
+        streamed = httpx.post(f"{running.base_url}/chat/completions", json={**body, "stream": True}, timeout=60)
+        with pytest.raises(openai.InternalServerError, match="answering step failed"):
+            running.client.chat.completions.create(**body)
+    for reply in (plain, streamed):
+        assert reply.status_code == 502 and reply.headers["content-type"].startswith("application/json")
+        error = reply.json()["error"]
+        assert error["code"] == "workers_failed" and error["type"] == "server_error"
+        assert "2 of 2 steps failed" in error["message"]
+        assert "step 0 (down-0): down-0: HTTP 500" in error["message"]
+        assert "step 1 (down-1): down-1: HTTP 500" in error["message"]
+        assert reply.json()["conductor"]["failed_steps"] == 2
 
 
 @pytest.mark.parametrize(
@@ -285,17 +374,18 @@ def test_a_tiny_torch_conductor_serves_plain_and_streaming_requests(tmp_path, to
     messages = [{"role": "user", "content": world.tasks[0].question}]
     with ServerThread(ChatServer(service)) as running:
         def ask(stream):
-            reply = running.client.chat.completions.create(model="conductor", messages=messages, max_tokens=16,
-                                                           stream=stream)  # fmt: skip
-            return list(reply)[-1] if stream else reply
+            return httpx.post(f"{running.base_url}/chat/completions", timeout=120,
+                              json={"model": "conductor", "messages": messages, "max_tokens": 16, "stream": stream})
 
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             replies = list(pool.map(ask, [False, True, False]))
     for reply in replies:
-        # a random model writes no workflow: the reply is empty and says why
-        assert 1 <= reply.usage.completion_tokens <= 16
-        assert reply.model_extra["conductor"]["workflow"] is None
-        assert reply.model_extra["conductor"]["parse_error"].startswith("missing list")
+        # a random model writes no workflow: greedy, then two samples, and the request is refused with the reason
+        assert reply.status_code == 422 and reply.headers["content-type"].startswith("application/json")
+        attempts = reply.json()["conductor"]["attempts"]
+        assert [a["temperature"] for a in attempts] == [0.0, 1.0, 1.0]
+        assert all(a["parse_error"].startswith("missing list") for a in attempts)
+        assert attempts[-1]["parse_error"] in reply.json()["error"]["message"]
 
 
 @pytest.mark.slow
@@ -318,8 +408,8 @@ def test_the_serve_command_answers_with_a_tiny_conductor(tmp_path):
                 assert time.monotonic() < deadline, "the server did not start"
                 time.sleep(1)
         assert [model.id for model in models.data] == ["tiny-conductor"]
-        reply = client.chat.completions.create(model="tiny-conductor", messages=[{"role": "user", "content": "2+2?"}])
-        assert reply.usage.completion_tokens <= 8 and "parse_error" in reply.model_extra["conductor"]
+        with pytest.raises(openai.UnprocessableEntityError, match="no valid workflow in 3 attempt"):
+            client.chat.completions.create(model="tiny-conductor", messages=[{"role": "user", "content": "2+2?"}])
         client.close()
     finally:
         process.terminate()

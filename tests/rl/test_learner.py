@@ -507,12 +507,6 @@ def test_bad_config_is_rejected(make, message):
         make()
 
 
-def test_batch_that_does_not_split_is_rejected():
-    learner = Learner(_model(), LearnerConfig(mini_batch_size=3))
-    with pytest.raises(ValueError, match="mini-batches"):
-        learner.update(_random_batch(0))
-
-
 def test_learning_rate_schedules():
     cosine = OptimizerConfig(learning_rate=1.0, warmup_steps=2, total_steps=10).learning_rate_schedule()
     np.testing.assert_allclose([float(cosine(s)) for s in (0, 1, 2, 6, 10)], [0, 0.5, 1, 0.5, 0], atol=1e-6)
