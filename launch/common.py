@@ -406,23 +406,31 @@ def sampling_params() -> SamplingParams:
     )
 
 
-# Written beside a trained Conductor's weights: the completion limit it was trained with.
+# Written beside a trained Conductor's weights: the completion limit and temperature it was trained with.
 TRAINED_SAMPLING_FILE = "trained_sampling.json"
 
 
 def save_trained_sampling(model_dir: pathlib.Path, params: SamplingParams) -> None:
-    (model_dir / TRAINED_SAMPLING_FILE).write_text(json.dumps({"max_new_tokens": params.max_new_tokens}) + "\n")
+    record = {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature}
+    (model_dir / TRAINED_SAMPLING_FILE).write_text(json.dumps(record) + "\n")
 
 
 def conductor_sampling_params(model_dir: pathlib.Path) -> SamplingParams:
-    """`sampling_params()` for the Conductor in `model_dir`. Unless `--max_tokens` is on the command line, its
-    completion limit is the one the Conductor was trained with: a small Conductor whose greedy completion never
-    stops would otherwise hold every batch for the flag's default 1024 steps."""
+    """`sampling_params()` for the Conductor in `model_dir`. Unless `--max_tokens` (`--temperature`) is on the
+    command line, its completion limit (temperature) is the one the Conductor was trained with: a small Conductor
+    whose greedy completion never stops would otherwise hold every batch for the flag's default 1024 steps, and
+    its format is reliable at the temperature it was trained at, not necessarily at the flag's default 1.0.
+    Callers decode a trained Conductor greedily first (launch.eval, launch.serve); this temperature is for samples."""
     params = sampling_params()
-    trained = model_dir / TRAINED_SAMPLING_FILE
-    if _MAX_TOKENS.present or not trained.exists():
+    trained_path = model_dir / TRAINED_SAMPLING_FILE
+    if not trained_path.exists():
         return params
-    return dataclasses.replace(params, max_new_tokens=int(json.loads(trained.read_text())["max_new_tokens"]))
+    trained = json.loads(trained_path.read_text())
+    if not _MAX_TOKENS.present:
+        params = dataclasses.replace(params, max_new_tokens=int(trained["max_new_tokens"]))
+    if not _TEMPERATURE.present and "temperature" in trained:
+        params = dataclasses.replace(params, temperature=float(trained["temperature"]))
+    return params
 
 
 def build_generator(model_dir: pathlib.Path, log_dir: pathlib.Path) -> tuple[Any, Callable[[Any, int], None]]:

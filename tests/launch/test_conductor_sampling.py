@@ -1,4 +1,5 @@
-"""A trained Conductor is sampled, in eval and serve, with the completion limit it was trained with."""
+"""A trained Conductor is sampled, in eval and serve, with the completion limit and temperature it was trained
+with."""
 
 from __future__ import annotations
 
@@ -13,13 +14,18 @@ from rollout.types import SamplingParams
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
 
 
-def test_the_trained_limit_applies_unless_max_tokens_is_given(tmp_path):
+def test_the_trained_limit_and_temperature_apply_unless_given_on_the_command_line(tmp_path):
     common.save_trained_sampling(tmp_path, SamplingParams(temperature=0.7, max_new_tokens=64))
     with flagsaver.flagsaver():
         flags.FLAGS(["eval"])
-        assert common.conductor_sampling_params(tmp_path).max_new_tokens == 64
-        assert common.conductor_sampling_params(tmp_path / "untrained").max_new_tokens == 1024  # the flag's default
+        trained = common.conductor_sampling_params(tmp_path)
+        untrained = common.conductor_sampling_params(tmp_path / "untrained")
+        flags.FLAGS(["eval", "--max_tokens=32"])
+        only_limit = common.conductor_sampling_params(tmp_path)
         flags.FLAGS(["eval", "--max_tokens=32", "--temperature=0.5"])
-        params = common.conductor_sampling_params(tmp_path)
-    assert (params.max_new_tokens, params.temperature) == (32, 0.5)
+        both = common.conductor_sampling_params(tmp_path)
+    assert (trained.max_new_tokens, trained.temperature) == (64, 0.7)
+    assert (untrained.max_new_tokens, untrained.temperature) == (1024, 1.0)  # the flags' defaults
+    assert (only_limit.max_new_tokens, only_limit.temperature) == (32, 0.7)
+    assert (both.max_new_tokens, both.temperature) == (32, 0.5)
     assert not flags.FLAGS["max_tokens"].present  # flagsaver restored the command line

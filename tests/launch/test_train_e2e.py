@@ -86,7 +86,7 @@ def test_training_raises_reward_logs_checkpoints_and_resumes(tmp_path):
     assert summary["iterations"] == 10
     assert (pathlib.Path(summary["conductor_final"]) / "model.safetensors").exists()
     trained_sampling = json.loads((pathlib.Path(summary["conductor_final"]) / "trained_sampling.json").read_text())
-    assert trained_sampling == {"max_new_tokens": 64}
+    assert trained_sampling == {"max_new_tokens": 64, "temperature": 0.7}
     # Measured on this seed: 0.547 over iterations 1-2, 0.938 over 9-10.
     assert summary["reward_first_fifth"] < 0.7, summary
     assert summary["reward_last_fifth"] >= summary["reward_first_fifth"] + 0.15, summary
