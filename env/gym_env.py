@@ -22,7 +22,9 @@ import gymnasium
 from env import prompts
 from env.executor import Execution, ExecutorConfig, aclose_workers, execute_async, expected_grade
 from env.rewards import RewardConfig, reward
+from env.tasks import sandbox
 from env.tasks.base import Task
+from env.tasks.code import CodeTests
 from env.workers.base import Message
 from env.workers.cache import ResponseCache
 from env.workflow import AccessMode, Workflow, WorkflowFormatError, parse_workflow, render_workflow
@@ -40,6 +42,9 @@ class EnvConfig:
     # Grade a world-model worker's final answer by its probability of being right instead of its 0/1 draw: the
     # same expected reward and accuracy, without the draw's variance (`env.executor.expected_grade`).
     expected_grades: bool = False
+    # Where no kernel sandbox works (env.tasks.sandbox), run code tasks' generated programs anyway, with only
+    # resource limits and an audit hook, instead of refusing; process-wide once an env is built with it.
+    allow_unsandboxed_code: bool = False
     executor: ExecutorConfig = ExecutorConfig()
     reward: RewardConfig = RewardConfig()
 
@@ -122,6 +127,12 @@ class ConductorEnv(gymnasium.Env):
         self.world = world
         self.config = config
         self.cache = cache
+        if config.allow_unsandboxed_code:
+            sandbox.allow_unsandboxed_code()
+        # None, or the kernel layer the world's code tasks run in: checked now rather than at the first program.
+        self.sandbox_layer = (
+            sandbox.check_available() if any(isinstance(task.gold, CodeTests) for task in world.tasks) else None
+        )
         self.observation_space = gymnasium.spaces.Dict(
             {"task_id": TextSpace(), "messages": MessagesSpace(), "prefix": TextSpace(), "text": TextSpace()}
         )

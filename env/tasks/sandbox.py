@@ -116,6 +116,30 @@ def isolation_layer() -> str:
     return next((layer for layer in KERNEL_LAYERS if layer_works(layer)), "none")
 
 
+def check_available() -> str:
+    """`isolation_layer()`, checked now rather than at the first program: raises `SandboxUnavailable` where it is
+    "none" and `allow_unsandboxed_code()` was not called."""
+    layer = isolation_layer()
+    _check_allowed(layer)
+    return layer
+
+
+def _check_allowed(layer: str) -> None:
+    if layer != "none":
+        return
+    if not _unsandboxed["allowed"]:
+        raise SandboxUnavailable(
+            "no kernel sandbox works on this machine for running generated code: install bubblewrap "
+            "(apt-get install bubblewrap) or enable unprivileged user namespaces (sysctl "
+            "kernel.unprivileged_userns_clone=1, or kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu); "
+            "or, on a machine whose every user is trusted, opt in with EnvConfig.allow_unsandboxed_code "
+            "(--allow_unsandboxed_code)"
+        )
+    if not _unsandboxed["warned"]:
+        _unsandboxed["warned"] = True
+        _logger.warning("running generated code WITHOUT a kernel sandbox: only resource limits and an audit hook")
+
+
 def run_python(
     source: str,
     *,
@@ -134,18 +158,7 @@ def run_python(
     layer = isolation_layer() if layer is None else layer
     if layer not in (*KERNEL_LAYERS, "none"):
         raise ValueError(f"unknown sandbox layer {layer!r}; expected one of {(*KERNEL_LAYERS, 'none')}")
-    if layer == "none":
-        if not _unsandboxed["allowed"]:
-            raise SandboxUnavailable(
-                "no kernel sandbox works on this machine for running generated code: install bubblewrap "
-                "(apt-get install bubblewrap) or enable unprivileged user namespaces (sysctl "
-                "kernel.unprivileged_userns_clone=1, or kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu); "
-                "or, on a machine whose every user is trusted, opt in with EnvConfig.allow_unsandboxed_code "
-                "(--allow_unsandboxed_code)"
-            )
-        if not _unsandboxed["warned"]:
-            _unsandboxed["warned"] = True
-            _logger.warning("running generated code WITHOUT a kernel sandbox: only resource limits and an audit hook")
+    _check_allowed(layer)
     return _run_python_in(layer, source, stdin, files or {}, argv, limits)
 
 

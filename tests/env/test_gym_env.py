@@ -15,6 +15,7 @@ from env.executor import ExecutorConfig
 from env.gym_env import ConductorEnv, EnvConfig, TextSpace
 from env.rewards import RewardConfig
 from env.tasks import load as load_tasks
+from env.tasks import sandbox
 from env.workflow import Step, Workflow, render_workflow
 from env.workers.replay import ROUTERDC_MODELS
 from env.workers.simulated import AnswerModel, SimulatedWorker
@@ -322,3 +323,17 @@ def test_expected_grades_fall_back_to_grading_the_text():
     scored = _score(failing, task, ONE_STEP)
     assert scored.execution.steps[0].error is not None and scored.grade == 0.0
     failing.close()
+
+
+def test_an_env_with_code_tasks_checks_the_sandbox_when_built_and_runs_unsandboxed_only_when_allowed(monkeypatch):
+    humaneval = load_tasks("humaneval", limit=1)
+    assert ConductorEnv(scripted_world(ScriptedWorker("w")), EnvConfig()).sandbox_layer is None
+    assert ConductorEnv(scripted_world(ScriptedWorker("w"), tasks=humaneval)).sandbox_layer == sandbox.isolation_layer()
+    monkeypatch.setattr(sandbox, "layer_works", lambda layer: False)
+    monkeypatch.setitem(sandbox._unsandboxed, "allowed", False)
+    monkeypatch.setitem(sandbox._unsandboxed, "warned", False)
+    with pytest.raises(sandbox.SandboxUnavailable, match="bubblewrap"):
+        ConductorEnv(scripted_world(ScriptedWorker("w"), tasks=humaneval), EnvConfig())
+    assert ConductorEnv(scripted_world(ScriptedWorker("w")), EnvConfig()).sandbox_layer is None
+    env = ConductorEnv(scripted_world(ScriptedWorker("w"), tasks=humaneval), EnvConfig(allow_unsandboxed_code=True))
+    assert env.sandbox_layer == "none" and sandbox._unsandboxed["allowed"]

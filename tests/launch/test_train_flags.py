@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from unittest import mock
 
@@ -9,6 +10,7 @@ import pytest
 from absl.testing import flagsaver
 
 from env.gym_env import ConductorEnv
+from env.tasks import sandbox
 from env.worlds import SyntheticWorldConfig, build_world
 from launch import common, sft, train
 from models import zoo
@@ -60,6 +62,27 @@ def test_expected_grades_flag_reaches_the_env():
     assert not common.build_env().config.expected_grades
     with flagsaver.flagsaver(expected_grades=True):
         assert common.build_env().config.expected_grades
+
+
+def test_allow_unsandboxed_code_reaches_the_env_and_is_logged_loudly_when_used(monkeypatch, caplog):
+    with flagsaver.flagsaver(world="paper", tasks=["humaneval"], task_limit=1):
+        common._log_sandbox_layer.cache_clear()
+        with caplog.at_level(logging.INFO, logger=common.__name__):
+            env = common.build_env()
+        assert not env.config.allow_unsandboxed_code and env.sandbox_layer == sandbox.isolation_layer() != "none"
+        assert f"in the {env.sandbox_layer} sandbox" in caplog.text
+        monkeypatch.setattr(sandbox, "layer_works", lambda layer: False)
+        monkeypatch.setitem(sandbox._unsandboxed, "allowed", False)
+        monkeypatch.setitem(sandbox._unsandboxed, "warned", False)
+        with pytest.raises(sandbox.SandboxUnavailable, match="--allow_unsandboxed_code"):
+            common.build_env()
+        with flagsaver.flagsaver(allow_unsandboxed_code=True), caplog.at_level(logging.WARNING):
+            env = common.build_env()
+    common._log_sandbox_layer.cache_clear()
+    assert env.config.allow_unsandboxed_code and env.sandbox_layer == "none"
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all("WITHOUT a kernel sandbox" in warning for warning in warnings)
+    assert any(warning.startswith("--allow_unsandboxed_code") for warning in warnings)  # the entry point's
 
 
 def test_share_prompts_reaches_the_learner_and_the_warm_start():
