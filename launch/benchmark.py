@@ -16,6 +16,7 @@ import importlib
 
 from absl import app, flags
 
+from launch import console
 from launch.benchmarks.common import emit
 
 SUITES = ("forward", "learner", "rollout", "sync", "env", "e2e")
@@ -25,6 +26,7 @@ _SUITE = flags.DEFINE_enum("suite", None, SUITES, "Which benchmark suite to run.
 
 def main(argv: list[str]) -> None:
     del argv
+    console.configure()
     module = importlib.import_module(f"launch.benchmarks.{_SUITE.value}")
     emit(module.run())
 

@@ -120,6 +120,10 @@ def plot_curves(curves: Mapping[str, Sequence[np.ndarray]], path: pathlib.Path, 
 
 def parse_own_flags(argv: list[str]) -> list[str]:
     """Parses this script's flags and returns the rest (a `--flagfile` expanded): what every training run gets."""
+    if any(arg in ("-h", "-?", "--help", "--helpshort", "--helpfull") for arg in argv[1:]):
+        print(f"{__doc__}\nflags:\n{COMPARE_FLAGS.module_help(COMPARE_FLAGS.find_module_defining_flag('seeds'))}\n\n"
+              "Every other flag is passed to each training run: see `python -m launch.train --helpfull`.")
+        sys.exit(0)
     rest = COMPARE_FLAGS(argv, known_only=True)
     # absl's own flags (--only_check_args, logging) keep their defaults; marking rather than parsing also skips the
     # validators of flags that other launch modules imported into the same process may have registered.

@@ -24,7 +24,7 @@ import pathlib
 
 from absl import app, flags
 
-from launch import common
+from launch import common, console
 from launch.evaluation import BASELINES, BaselineConfig, conductor_outcomes, run_baselines, summarize, write_report
 
 _METHODS = flags.DEFINE_list(
@@ -50,7 +50,7 @@ _PROMPTED_CONDUCTORS = flags.DEFINE_list(
 
 def main(argv: list[str]) -> None:
     del argv
-    logging.getLogger().setLevel(logging.INFO)
+    console.configure()
     unknown = sorted(set(_METHODS.value) - {"conductor", *BASELINES})
     if unknown:
         raise app.UsageError(f"unknown --methods {unknown}; choose from conductor, {', '.join(BASELINES)}")

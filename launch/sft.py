@@ -34,7 +34,7 @@ from absl import app, flags
 from env.policies import TEMPLATES, random_template
 from env.prompts import CONDUCTOR_PREFIX
 from env.workflow import WorkflowFormatError, parse_workflow, render_workflow
-from launch import common
+from launch import common, console
 from models import hf_io
 from rl.learner import OptimizerConfig
 from rl.loop import question_order
@@ -269,7 +269,7 @@ def warm_start(model: Any, world: common.EnvWorld, steps: int, seed: int) -> lis
 
 def main(argv: list[str]) -> None:
     del argv
-    logging.getLogger().setLevel(logging.INFO)
+    console.configure()
     out = pathlib.Path(_OUT.value)
     model, tokenizer, model_dir = common.load_conductor(out / "init")
     world = common.EnvWorld(common.build_env(), tokenizer)

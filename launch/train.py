@@ -23,7 +23,7 @@ import pathlib
 
 from absl import app, flags
 
-from launch import common, sft
+from launch import common, console, sft
 from launch.evaluation import evaluate
 from models import hf_io
 from models.sharding import make_mesh
@@ -158,7 +158,7 @@ def learner_config(num_completions: int, max_completion_tokens: int) -> LearnerC
 
 def main(argv: list[str]) -> None:
     del argv
-    logging.getLogger().setLevel(logging.INFO)
+    console.configure()
     log_dir = pathlib.Path(_LOG_DIR.value)
     checkpoint_dir = pathlib.Path(_CHECKPOINT_DIR.value or log_dir / "checkpoints")
     if not _RESUME.value and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
