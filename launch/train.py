@@ -24,7 +24,7 @@ import pathlib
 from absl import app, flags
 
 from launch import common, console, sft
-from launch.evaluation import evaluate
+from launch.evaluation import evaluate, greedy_valid_format, held_out_questions
 from models import hf_io
 from models.sharding import make_mesh
 from rl.advantages import ESTIMATORS
@@ -102,6 +102,13 @@ _CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", 10, "Iterations bet
 _KEEP = flags.DEFINE_integer("keep_checkpoints", 3, "Checkpoints kept.")
 _RESUME = flags.DEFINE_boolean("resume", True, "Resume from the latest checkpoint when one exists.")
 _EVAL_TASKS = flags.DEFINE_list("eval_tasks", [], "Held-out task files evaluated after training (greedy).")
+_FORMAT_CHECK_QUESTIONS = flags.DEFINE_integer(
+    "format_check_questions", 64,
+    "Questions the trained Conductor answers greedily at the end, as launch.eval and launch.serve first decode it; "
+    "the fraction whose workflow parses is the summary's greedy_valid_format. Fresh questions on a synthetic task "
+    "set, else a sample of the training questions (0: no check).",
+    lower_bound=0,
+)
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +218,15 @@ def main(argv: list[str]) -> None:
         summary["reward_first_fifth"], summary["reward_last_fifth"] = first, last
     if env.world.oracle is not None:
         summary["oracle_expected_reward"] = env.world.oracle.expected_reward
+    if _FORMAT_CHECK_QUESTIONS.value:
+        questions = held_out_questions(env.world.tasks, _FORMAT_CHECK_QUESTIONS.value, common.seed())
+        validity = greedy_valid_format(
+            generator, tokenizer, questions, pool_size=len(env.world.pool), max_steps=env.config.max_steps,
+            access_mode=env.config.access_mode, max_new_tokens=sampling.max_new_tokens,
+        )
+        log.info("greedy valid format %d/%d%s", validity.valid, validity.questions,
+                 "".join(f"\n  {question!r}: {error}" for question, error in validity.failures[:3]))
+        summary["greedy_valid_format"] = validity.rate
     if _EVAL_TASKS.value:
         eval_world = common.EnvWorld(common.build_env(_EVAL_TASKS.value), tokenizer)
         summary["eval"] = evaluate(generator, eval_world, params=dataclasses.replace(sampling, temperature=0.0))

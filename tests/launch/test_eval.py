@@ -9,9 +9,11 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+from env import prompts
 from env.executor import ExecutorConfig
 from env.gym_env import ConductorEnv, EnvConfig
 from env.policies import single
+from env.tasks.synthetic import DOMAINS, load_synthetic
 from env.workers.base import WorkerReply
 from env.workers.cache import ResponseCache
 from env.workers.openai_api import OpenAICompatibleWorker
@@ -23,6 +25,8 @@ from launch.evaluation import (
     BaselineConfig,
     Outcome,
     conductor_outcomes,
+    greedy_valid_format,
+    held_out_questions,
     markdown_report,
     prompted_conductor_outcomes,
     run_baselines,
@@ -338,3 +342,65 @@ def test_eval_command_writes_the_table_for_a_tiny_conductor_and_baselines(tmp_pa
     bad = subprocess.run([sys.executable, "-m", "launch.eval", "--methods=single,smoothie"], capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert bad.returncode != 0 and "smoothie" in bad.stderr
+
+
+class ScriptedConductor:
+    """A stand-in Conductor that answers each question (found in its prompt) with the text scripted for it."""
+
+    def __init__(self, tokenizer, texts: dict[str, str]):
+        self.tokenizer, self.texts = tokenizer, texts
+        self.calls: list[tuple[SamplingParams, int, int]] = []  # (params, prompts, n)
+        self.prompts: list[str] = []
+
+    def generate(self, prompt_ids, params, n):
+        self.calls.append((params, len(prompt_ids), n))
+        groups = []
+        for prompt in prompt_ids:
+            text = self.tokenizer.decode(list(prompt))
+            self.prompts.append(text)
+            (question,) = [q for q in self.texts if f"Question:\n{q}\n" in text]
+            ids = tuple(self.tokenizer.encode(self.texts[question], add_special_tokens=False))
+            groups.append([Completion(tuple(prompt), ids, (0.0,) * len(ids), "stop", 0)] * n)
+        return groups
+
+
+def test_greedy_valid_format_counts_the_questions_whose_greedy_workflow_parses():
+    tokenizer = load_tokenizer(zoo.smollm2_135m_instruct())
+    valid = "\n" + render_workflow(Workflow(steps=(Step(1, "Solve it."),)))
+    texts = {
+        "What is 17 + 25?": valid,
+        "Name the capital of France.": "\nmodel_id = [0]\nsubtasks = [[]]",
+        "Write a haiku about rain.": valid,
+        "Who wrote Hamlet?": "\n" + render_workflow(Workflow(steps=(Step(2, "Solve it."),))),  # no worker 2 of 2
+        "Is 91 prime?": valid,
+    }
+    generator = ScriptedConductor(tokenizer, texts)
+    validity = greedy_valid_format(generator, tokenizer, list(texts), pool_size=2, max_steps=5,
+                                   access_mode="binary", max_new_tokens=48, batch_questions=2)  # fmt: skip
+    assert (validity.valid, validity.questions, validity.rate) == (3, 5, 0.6)
+    assert [question for question, _ in validity.failures] == ["Name the capital of France.", "Who wrote Hamlet?"]
+    assert validity.failures[0][1].startswith("missing list") and "outside the pool" in validity.failures[1][1]
+    assert [(params.temperature, params.max_new_tokens, size, n) for params, size, n in generator.calls] == [
+        (0.0, 48, 2, 1), (0.0, 48, 2, 1), (0.0, 48, 1, 1)
+    ]
+    # prompted as the server prompts: the pool of two, the assistant turn opened with the planning prefix
+    assert all("Model id 1" in p and "Model id 2" not in p for p in generator.prompts)
+    assert all(p.endswith(prompts.CONDUCTOR_PREFIX) for p in generator.prompts)
+    with pytest.raises(ValueError, match="no questions"):
+        greedy_valid_format(generator, tokenizer, [], pool_size=2, max_steps=5, access_mode="binary",
+                            max_new_tokens=48)  # fmt: skip
+
+
+def test_held_out_questions_are_fresh_synthetic_ones_or_a_sample_of_the_worlds_own(replay_env):
+    training = load_synthetic(40, seed=0)
+    fresh = held_out_questions(training, 16, seed=0)
+    assert len(fresh) == len(set(fresh)) == 16
+    assert not set(fresh) & {task.question for task in training}
+    generated = {task.question: task.domain for task in load_synthetic(40 + 32, seed=0)}
+    assert sorted(generated[q] for q in fresh) == sorted(DOMAINS * 4)  # the generator's next questions, all domains
+    own = held_out_questions(replay_env.world.tasks, 16, seed=3)
+    assert len(set(own)) == 16 and set(own) <= {task.question for task in replay_env.world.tasks}
+    assert own == held_out_questions(replay_env.world.tasks, 16, seed=3) != held_out_questions(
+        replay_env.world.tasks, 16, seed=4)
+    assert len(held_out_questions(replay_env.world.tasks, 10**6, seed=0)) == len(
+        {task.question for task in replay_env.world.tasks})
