@@ -189,6 +189,7 @@ def _run_python_in(
             command = [*_bwrap_command(_view(str(workdir), limits), str(workdir), as_root=uid is not None), *command]
         elif layer == "unshare":
             config["view"] = _view(str(workdir), limits)
+            command.insert(2, "-S")  # the setup stage needs no site-packages; the run stage is a fresh exec
             if uid is None:
                 command = ["unshare", "--user", "--map-root-user", *_NAMESPACES, "--", *command]
                 config["drop"] = {"userns": [os.getuid(), os.getgid()]}
