@@ -4,9 +4,10 @@ Layers, from the strongest:
 - a kernel sandbox, the first of `KERNEL_LAYERS` that works here (`isolation_layer()` says which; each is
   probed once per process by running a program through it):
   - "bwrap" (bubblewrap): fresh user (as an ordinary user), PID, network, IPC and UTS namespaces; a fresh /proc,
-    a minimal /dev, the rest of the filesystem read-only and nosuid; empty tmpfs over /home, /root, /run,
-    /var/tmp and our home, and a private, size-capped /tmp; the interpreter and the entry script bound back
-    read-only where they sit under a hidden directory; only the working directory writable;
+    a minimal /dev, the rest of the filesystem read-only and nosuid, no new privileges; empty read-only tmpfs
+    over /home, /root, /run, /var/tmp and our home; a private /tmp and /dev/shm, size-capped; the interpreter
+    and the entry script bound back read-only where they sit under a hidden directory; of the real filesystem
+    only the working directory writable;
   - "unshare" (util-linux): the same namespaces and the same view of the filesystem, built by
     sandbox_entry.py itself inside the fresh mount namespace. As an ordinary user the namespaces belong to a
     user namespace (`unshare --user --map-root-user`) whose root builds the view and then enters a nested user
@@ -14,7 +15,7 @@ Layers, from the strongest:
   as root either layer ends with the program under a fresh unprivileged uid (a block of uids per process), so
   that RLIMIT_NPROC bounds it and it owns nothing outside its working directory. Where no kernel layer works,
   `run_python` refuses with `SandboxUnavailable`, which names the fix, unless `allow_unsandboxed_code()` was
-  called (the launchers' `--allow_unsandboxed_code`);
+  called (`EnvConfig.allow_unsandboxed_code`, the launchers' `--allow_unsandboxed_code`);
 - kernel resource limits: CPU seconds, address space, process count, file size (which also bounds output,
   since stdout and stderr are files), open files; plus a wall-clock timeout enforced from here;
 - a temporary working directory (also HOME and TMPDIR) and an environment with nothing but PATH and locale;
@@ -205,7 +206,11 @@ def _run_python_in(
 def _view(workdir: str, limits: SandboxLimits) -> dict:
     """What the sandbox sees: the directories to cover with empty tmpfs ("hide"; "tmp" the writable one), and the
     paths under them to bind back read-only ("expose": the interpreter and the entry script)."""
-    candidates = [*_HIDDEN_DIRS, pwd.getpwuid(os.getuid()).pw_dir]
+    candidates = [*_HIDDEN_DIRS, os.environ.get("HOME", "/")]
+    try:
+        candidates.append(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:  # a uid without a passwd entry (some containers)
+        pass
     existing = [os.path.realpath(path) for path in candidates if os.path.isdir(path)]
     hide = _outermost([path for path in existing if path != "/"])
     interpreter = {sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(_ENTRY)}
