@@ -332,8 +332,20 @@ def nobody_layers(nobody) -> dict[str, bool]:
 
 @pytest.fixture
 def outside():
-    """A directory anyone may write to, where the sandbox shows the real filesystem (read-only)."""
-    path = Path(tempfile.mkdtemp(prefix=".sandbox-target-", dir=Path(__file__).parent))
+    """A directory anyone may write to, where the sandbox shows the real filesystem (read-only): beside this file
+    unless the checkout sits in a directory the sandbox hides (a home directory)."""
+    hidden = sandbox._view("/tmp/x", FAST)["hide"]
+    parent = next(
+        (
+            candidate
+            for candidate in (Path(__file__).parent, Path("/var/lib"), Path("/opt"))
+            if os.access(candidate, os.W_OK) and not any(sandbox._is_under(str(candidate), h) for h in hidden)
+        ),
+        None,
+    )
+    if parent is None:
+        pytest.skip("no writable directory outside those the sandbox hides")
+    path = Path(tempfile.mkdtemp(prefix=".sandbox-target-", dir=parent))
     path.chmod(0o1777)
     yield path
     shutil.rmtree(path)
