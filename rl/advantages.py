@@ -212,3 +212,43 @@ def zero_variance_groups(rewards, group_ids) -> tuple[np.ndarray, int]:
     np.minimum.at(lowest, index, rewards)
     constant = highest == lowest
     return ~constant[index], int(constant.sum())
+
+
+def credit_lone_later_rounds(values, group_ids, first_round_rows) -> np.ndarray:
+    """Recursion rounds: a later-round row alone in its group takes the value of its episode's first-round row.
+
+    With recursion rounds a batch holds episodes: a first-round row e and the later rounds that follow it, every one
+    credited with the episode's reward R_e. Round k >= 1 of question q is grouped with the round-k rows of q's other
+    episodes. When only one of q's episodes reached round k (the others ended, e.g. in a format error), its row is
+    alone: a group-relative estimator (grpo, dr_grpo, rloo, opo) gives it exactly 0, so it would never train. It
+    takes instead its episode's first-round advantage, whose group is q's first rounds F_q (G rows, each credited
+    with its own episode's reward):
+
+        grpo      A = (R_e - mean_{j in F_q} R_j) / (std_{j in F_q} R_j + eps)     (std as `std_scaling` says)
+        dr_grpo   A =  R_e - mean_{j in F_q} R_j
+        rloo      A =  R_e - mean_{j in F_q, j != e} R_j
+
+    so its baseline is its question's mean episode reward (rloo: of the other episodes, so it stays independent of
+    the row's own reward). An estimator that ignores groups already gives the row its first round's value (the same
+    reward). `values` are advantages, or dynamic sampling's keep mask (a lone row trains when its question's first
+    rounds do). `first_round_rows[i]` is the index of row i's episode's first-round row (i itself on the first
+    round).
+    """
+    values = np.asarray(values)
+    group_ids = np.asarray(group_ids)
+    first_round_rows = np.asarray(first_round_rows)
+    if values.ndim != 1 or group_ids.shape != values.shape or first_round_rows.shape != values.shape:
+        raise ValueError(
+            f"values {values.shape}, group_ids {group_ids.shape} and first_round_rows {first_round_rows.shape} must "
+            "be equal-length 1-D arrays"
+        )
+    if values.size == 0:
+        return values
+    if np.any((first_round_rows < 0) | (first_round_rows >= values.size)):
+        raise ValueError("first_round_rows must index rows of the batch")
+    if np.any(first_round_rows[first_round_rows] != first_round_rows):
+        raise ValueError("first_round_rows must point at first-round rows (each of which points at itself)")
+    index, num_groups = _group_index(group_ids)
+    alone = np.bincount(index, minlength=num_groups)[index] == 1
+    later = first_round_rows != np.arange(values.size)
+    return np.where(alone & later, values[first_round_rows], values)
