@@ -380,8 +380,12 @@ class EnvWorld:
         for task, result in zip(tasks, scored):
             metrics = rollout_metrics(result)
             if oracle is not None:
-                # Whether the workflow's answer comes from the worker the known optimal plan ends with.
-                final = result.workflow.steps[-1].worker if result.workflow else None
+                # Whether the workflow's answer comes from the worker the known optimal plan ends with (a recursion
+                # round that kept its answer: the worker that gave it in an earlier round).
+                execution = result.execution
+                while execution is not None and not execution.steps:
+                    execution = execution.previous
+                final = execution.steps[-1].worker if execution is not None else None
                 metrics["oracle_route"] = float(final == oracle.plans[task.domain].final)
             followup = None
             if result.round < self.env.config.recursion_rounds and result.workflow is not None:

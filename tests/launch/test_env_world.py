@@ -32,3 +32,14 @@ def test_oracle_route_says_whether_the_final_worker_is_the_optimal_plans(world):
     assert [r.metrics["oracle_route"] for r in rollouts] == [1.0, 0.0, 0.0]
     assert [r.metrics["valid_format"] for r in rollouts] == [1.0, 1.0, 0.0]
     assert rollouts[0].workers == (best,) and rollouts[1].workers == (other,)
+
+
+def test_a_recursion_round_that_keeps_its_answer_is_routed_as_the_round_that_gave_it(world):
+    question = 2
+    best = world.env.world.oracle.plans[world.tasks[question].domain].final
+    other = (best + 1) % 4
+    first = world.score([question] * 2, [_completion(world, best), _completion(world, other)], [None] * 2, [0, 1])
+    keep = world.tokenizer.encode("\n" + render_workflow(Workflow(steps=())), add_special_tokens=False)
+    kept = world.score([question] * 2, [keep, keep], [r.context for r in first], [2, 3])
+    assert [r.metrics["valid_format"] for r in kept] == [1.0, 1.0] and [r.workers for r in kept] == [(), ()]
+    assert [r.metrics["oracle_route"] for r in kept] == [1.0, 0.0]
