@@ -29,7 +29,7 @@ from models import hf_io
 from models.sharding import make_mesh
 from rl.advantages import ESTIMATORS
 from rl.checkpoint import Checkpointer
-from rl.learner import Learner, LearnerConfig, OptimizerConfig
+from rl.learner import Learner, LearnerConfig, OptimizerConfig, optimizer_steps_per_update
 from rl.loop import LoopConfig, TrainingLoop
 from rl.losses import LossConfig
 from rl.metrics import MetricsWriter, first_and_last_fifth
@@ -122,9 +122,11 @@ def estimator_options() -> dict[str, str]:
     return {}
 
 
-def learner_config(num_completions: int, max_completion_tokens: int) -> LearnerConfig:
-    steps_per_update = _PPO_EPOCHS.value * max(num_completions // (_MINI_BATCH.value or num_completions), 1)
-    total_steps = _ITERATIONS.value * steps_per_update
+def learner_config(max_rows: int, max_completion_tokens: int) -> LearnerConfig:
+    """The learner's config for batches of at most `max_rows` rows (`LoopConfig.max_rows`). With recursion rounds the
+    row count varies, and so does the number of optimizer steps of an update; the learning-rate schedule is sized
+    for the largest batch, so it never ends before the run does (`OptimizerConfig`)."""
+    total_steps = _ITERATIONS.value * optimizer_steps_per_update(max_rows, _MINI_BATCH.value, _PPO_EPOCHS.value)
     loss = LossConfig(
         policy_loss=_POLICY_LOSS.value,
         clip_low=_CLIP_LOW.value,
@@ -183,7 +185,6 @@ def main(argv: list[str]) -> None:
     mesh = None
     if _MESH_FSDP.value * _MESH_TP.value > 1:
         mesh = make_mesh(fsdp=_MESH_FSDP.value, tp=_MESH_TP.value)
-    learner = Learner(model, learner_config(_QUESTIONS.value * _GROUP.value, sampling.max_new_tokens), mesh=mesh)
     loop_config = LoopConfig(
         iterations=_ITERATIONS.value,
         questions_per_step=_QUESTIONS.value,
@@ -192,10 +193,11 @@ def main(argv: list[str]) -> None:
         estimator_options=estimator_options(),
         dynamic_sampling=_DYNAMIC_SAMPLING.value,
         stratify_questions=common.stratify_questions(),
-        recursion=env.config.recursion_rounds > 0,
+        recursion_rounds=env.config.recursion_rounds,
         checkpoint_every=_CHECKPOINT_EVERY.value,
         seed=common.seed(),
     )
+    learner = Learner(model, learner_config(loop_config.max_rows, sampling.max_new_tokens), mesh=mesh)
     writer = MetricsWriter(log_dir)
     loop = TrainingLoop(
         loop_config,

@@ -88,10 +88,13 @@ class LoopConfig:
     questions_per_step x group_size completions are sampled per iteration. `estimator` names an entry of
     `rl.advantages.ESTIMATORS`. With `dynamic_sampling`, groups whose rewards all agree carry no learning signal and
     are masked out of the loss, so they leave its denominators too (the learner does not run rows without loss
-    tokens, `LearnerConfig.skip_zero_gradient_rows`). With `recursion`, each completion
-    the world gives a follow-up prompt gets a second Conductor round on its first round's result; the world's
-    second-round reward is the episode's (the world blends in the discounted first-round reward, so the reward is
-    defined once, in `env.rewards`), and both rounds' completions train on it. With `stratify_questions`, each
+    tokens, `LearnerConfig.skip_zero_gradient_rows`). With `recursion_rounds` N > 0, each completion the world
+    gives a follow-up prompt gets another Conductor round on its result, up to N more rounds: an episode is a
+    first-round completion and the rounds that follow it. The world's reward of an episode's last round is the
+    episode's (the world blends in the earlier rounds' rewards, discounted, so the reward is defined once, in
+    `env.rewards`, and the env and the evaluation credit an episode the same), and every round of the episode trains
+    on it. A round is grouped with the same round of its question's other episodes; one alone in its group takes its
+    episode's first-round advantage (`rl.advantages.credit_lone_later_rounds`). With `stratify_questions`, each
     iteration's questions take the world's `question_strata` labels (its task domains) in turn.
     """
 
@@ -101,7 +104,7 @@ class LoopConfig:
     estimator: str = "grpo"
     estimator_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dynamic_sampling: bool = False
-    recursion: bool = False
+    recursion_rounds: int = 0
     stratify_questions: bool = False
     checkpoint_every: int = 10
     samples_to_log: int = 4
@@ -122,6 +125,13 @@ class LoopConfig:
             )
         if self.checkpoint_every < 0:
             raise ValueError(f"LoopConfig.checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}")
+        if self.recursion_rounds < 0:
+            raise ValueError(f"LoopConfig.recursion_rounds must be >= 0, got {self.recursion_rounds}")
+
+    @property
+    def max_rows(self) -> int:
+        """The most rows an iteration's batch holds: every episode runs every round."""
+        return self.questions_per_step * self.group_size * (1 + self.recursion_rounds)
 
 
 def question_order(
@@ -156,12 +166,14 @@ def question_order(
 
 @dataclasses.dataclass
 class _Sampled:
-    """The rows of one round: who asked, what was sampled, how it scored."""
+    """The rows of one round: who asked, what was sampled, how it scored, and each row's episode (the index of the
+    first-round row it follows)."""
 
     questions: list[int]
     group_ids: list[int]
     completions: list[Any]
     rollouts: list[Rollout]
+    episodes: list[int] = dataclasses.field(default_factory=list)
 
 
 class TrainingLoop:
@@ -259,21 +271,29 @@ class TrainingLoop:
                                    config.questions_per_step, self._strata)
         prompts = [self.world.prompt_ids(q) for q in questions]
         rounds = [self._sample(prompts, questions, 0, config.group_size, None, times)]
-        rewards = [r.reward for r in rounds[0].rollouts]
-        if config.recursion:
-            rewards = self._recursion_round(rounds, rewards, times)
+        rounds[0].episodes = list(range(len(rounds[0].completions)))
+        for _ in range(config.recursion_rounds):
+            if not self._recursion_round(rounds, times):
+                break
 
         rows = [(s, i) for s in rounds for i in range(len(s.completions))]
         completions = [s.completions[i] for s, i in rows]
-        rewards_array = np.asarray(rewards, dtype=np.float32)
+        episodes = np.asarray([s.episodes[i] for s, i in rows])
+        # An episode's reward is its last round's (the world blends the earlier rounds' into it); rounds are in order.
+        episode_rewards = np.zeros(len(rounds[0].completions))
+        for s, i in rows:
+            episode_rewards[s.episodes[i]] = s.rollouts[i].reward
+        rewards_array = episode_rewards[episodes]
         group_ids = np.asarray([s.group_ids[i] for s, i in rows], dtype=np.int32)
         lengths = np.asarray([len(c.completion_ids) for c in completions], dtype=np.float32)
         advantages = advantage_estimators.compute(
             config.estimator, rewards_array, group_ids, lengths=lengths, **dict(config.estimator_options)
         )
+        advantages = advantage_estimators.credit_lone_later_rounds(advantages, group_ids, episodes)
         keep, dropped_groups = np.ones(len(rows), dtype=bool), 0
         if config.dynamic_sampling:
             keep, dropped_groups = advantage_estimators.zero_variance_groups(rewards_array, group_ids)
+            keep = advantage_estimators.credit_lone_later_rounds(keep, group_ids, episodes)
 
         scalars: dict[str, float] = {}
         times["learn"] = times["sync"] = 0.0
@@ -302,40 +322,46 @@ class TrainingLoop:
         self.data_position += config.questions_per_step
         self.iteration += 1
         times["iteration"] = time.perf_counter() - started
-        scalars.update(self._rollout_scalars(rounds, rewards_array, advantages, dropped_groups, times))
-        self._log(rounds, rewards_array, scalars)
+        trained = keep & (advantages != 0)
+        scalars.update(
+            self._rollout_scalars(rounds, episode_rewards, advantages, trained, dropped_groups, times)
+        )
+        self._log(rounds, rewards_array, advantages, scalars)
         return scalars
 
-    def _recursion_round(self, rounds: list[_Sampled], rewards: list[float], times: dict[str, float]) -> list[float]:
-        """Samples one second-round completion per first-round completion that the world gave a follow-up prompt."""
-        first = rounds[0]
-        follow = [i for i, r in enumerate(first.rollouts) if r.followup_prompt_ids is not None]
+    def _recursion_round(self, rounds: list[_Sampled], times: dict[str, float]) -> bool:
+        """Samples the next round: one completion for each row of the last round that the world gave a follow-up
+        prompt. False when there was none."""
+        last = rounds[-1]
+        follow = [i for i, r in enumerate(last.rollouts) if r.followup_prompt_ids is not None]
         if not follow:
-            return rewards
-        offset = max(first.group_ids) + 1
-        second = self._sample(
-            [first.rollouts[i].followup_prompt_ids for i in follow],
-            [first.questions[i] for i in follow],
-            offset,
+            return False
+        sampled = self._sample(
+            [last.rollouts[i].followup_prompt_ids for i in follow],
+            [last.questions[i] for i in follow],
+            0,
             1,
-            [first.rollouts[i].context for i in follow],
+            [last.rollouts[i].context for i in follow],
             times,
         )
-        # Each second round is a group of one, so it is grouped with the other second rounds of its question.
-        second.group_ids = [offset + first.group_ids[i] for i in follow]
-        rounds.append(second)
-        episode = list(rewards)
-        for row, second_rollout in zip(follow, second.rollouts):
-            episode[row] = second_rollout.reward
-        return episode + [r.reward for r in second.rollouts]
+        # Each row of a later round is a group of one, so it is grouped with its question's other rows of this
+        # round: round k of the question of first-round group g is group k * questions_per_step + g.
+        sampled.episodes = [last.episodes[i] for i in follow]
+        sampled.group_ids = [
+            len(rounds) * self.config.questions_per_step + rounds[0].group_ids[episode] for episode in sampled.episodes
+        ]
+        rounds.append(sampled)
+        return True
 
     # -- reporting ----------------------------------------------------------------------------------------------
 
-    def _rollout_scalars(self, rounds, rewards, advantages, dropped_groups, times) -> dict[str, float]:
+    def _rollout_scalars(self, rounds, episode_rewards, advantages, trained, dropped_groups, times) -> dict[str, float]:
+        """`episode_rewards`: one per episode; `advantages` and `trained` (the row has a loss with a gradient): one
+        per row of the batch, round by round."""
         first = rounds[0]
         scalars = {
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()),
+            "reward/mean": float(episode_rewards.mean()),
+            "reward/std": float(episode_rewards.std()),
             "reward/first_round_mean": float(np.mean([r.reward for r in first.rollouts])),
             "advantage/abs_mean": float(np.abs(advantages).mean()),
             "completion/tokens": float(np.mean([len(c.completion_ids) for c in first.completions])),
@@ -348,10 +374,22 @@ class TrainingLoop:
         for name in names:
             values = [r.metrics[name] for r in first.rollouts if name in r.metrics]
             scalars[f"rollout/{name}"] = float(np.mean(values))
+        if self.config.recursion_rounds:
+            # Round k's rows, the rows of it that train (a loss with a gradient), and the world's reward of that round.
+            end = 0
+            for index in range(self.config.recursion_rounds + 1):
+                sampled = rounds[index] if index < len(rounds) else None
+                start, end = end, end + (len(sampled.completions) if sampled else 0)
+                scalars[f"recursion/round{index}_rows"] = float(end - start)
+                scalars[f"recursion/round{index}_trained_rows"] = float(trained[start:end].sum())
+                if sampled:
+                    scalars[f"recursion/round{index}_reward"] = float(np.mean([r.reward for r in sampled.rollouts]))
         scalars.update({f"time/{phase}": seconds for phase, seconds in times.items()})
         return scalars
 
-    def _log(self, rounds: list[_Sampled], rewards: np.ndarray, scalars: dict[str, float]) -> None:
+    def _log(self, rounds: list[_Sampled], rewards: np.ndarray, advantages: np.ndarray, scalars: dict[str, float]
+             ) -> None:
+        """`rewards` (each row's episode reward, what it trains on) and `advantages`: one per row, round by round."""
         elapsed = scalars["time/iteration"]
         remaining = (self.config.iterations - self.iteration) * elapsed
         headline = " ".join(
@@ -374,16 +412,20 @@ class TrainingLoop:
         if workers:
             histograms["workers_chosen"] = np.asarray(workers)
         self.writer.log(self.iteration, scalars, histograms=histograms, texts={"samples": samples})
+        rows = [(round_index, sampled, i) for round_index, sampled in enumerate(rounds)
+                for i in range(len(sampled.completions))]
         self.writer.log_rollouts(self.iteration, [
             {
                 "round": round_index,
+                "episode": sampled.episodes[i],
                 "question": sampled.questions[i],
                 "completion_ids": list(sampled.completions[i].completion_ids),
                 "reward": float(sampled.rollouts[i].reward),
+                "episode_reward": float(rewards[row]),
+                "advantage": float(advantages[row]),
                 "workers": list(sampled.rollouts[i].workers),
             }
-            for round_index, sampled in enumerate(rounds)
-            for i in range(len(sampled.completions))
+            for row, (round_index, sampled, i) in enumerate(rows)
         ])
 
     # -- the run ------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from env.worlds import SyntheticWorldConfig, build_world
 from launch import common, sft, train
 from models import zoo
 from models.tokenizer import load_tokenizer
+from rl.loop import LoopConfig
 
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
@@ -25,13 +26,25 @@ def test_optimizer_flags_reach_the_learner_config():
         adam_b1=0.8, adam_b2=0.95, adam_eps=1e-5, weight_decay=0.01, lr=3e-4, lr_schedule="constant",
         warmup_ratio=0.1, iterations=10, mini_batch_size=8, num_iterations=2, max_grad_norm=0.5,
     ):
-        config = train.learner_config(num_completions=32, max_completion_tokens=64)
+        config = train.learner_config(max_rows=32, max_completion_tokens=64)
     optimizer = config.optimizer
     assert (optimizer.b1, optimizer.b2, optimizer.eps, optimizer.weight_decay) == (0.8, 0.95, 1e-5, 0.01)
     assert (optimizer.learning_rate, optimizer.schedule, optimizer.max_grad_norm) == (3e-4, "constant", 0.5)
     # 32 completions in mini-batches of 8, two passes, ten iterations: 80 optimizer steps, 8 of them warmup.
     assert (optimizer.total_steps, optimizer.warmup_steps) == (80, 8)
     assert (config.mini_batch_size, config.num_iterations, config.loss.norm_length) == (8, 2, 64)
+
+
+def test_with_recursion_rounds_the_schedule_spans_the_largest_batch():
+    # 4 questions x 8 completions and two recursion rounds: at most 96 rows, 12 mini-batches of 8 (the last of a
+    # smaller batch is shorter), so 20 iterations hold at most 240 optimizer steps.
+    loop = LoopConfig(iterations=20, questions_per_step=4, group_size=8, recursion_rounds=2)
+    assert loop.max_rows == 96
+    with flagsaver.flagsaver(iterations=20, mini_batch_size=8, warmup_ratio=0.05):
+        optimizer = train.learner_config(max_rows=loop.max_rows, max_completion_tokens=64).optimizer
+    assert (optimizer.total_steps, optimizer.warmup_steps) == (240, 12)
+    with flagsaver.flagsaver(iterations=20, mini_batch_size=7):  # 96 rows: 13 mini-batches of 7 and one of 5
+        assert train.learner_config(max_rows=96, max_completion_tokens=64).optimizer.total_steps == 20 * 14
 
 
 def test_old_logprobs_flag_reaches_the_learner_config():
@@ -55,7 +68,7 @@ def test_estimator_option_flags_reach_only_their_estimator():
 
 def test_a_non_positive_adam_eps_is_rejected():
     with flagsaver.flagsaver(adam_eps=0.0), pytest.raises(ValueError, match="eps"):
-        train.learner_config(num_completions=32, max_completion_tokens=64)
+        train.learner_config(max_rows=32, max_completion_tokens=64)
 
 
 def test_expected_grades_flag_reaches_the_env():

@@ -185,7 +185,7 @@ def test_dynamic_sampling_masks_only_the_groups_that_agree():
 
 
 def test_recursion_trains_both_rounds_on_the_episode_reward():
-    loop, _ = make_loop(ParityWorld(followup=True, second_reward=0.75), iterations=1, recursion=True)
+    loop, _ = make_loop(ParityWorld(followup=True, second_reward=0.75), iterations=1, recursion_rounds=1)
     scalars = loop.run()[0]
     batch = loop.learner.batches[0]
     assert batch.batch_size == 16, "8 first rounds and their 8 second rounds"

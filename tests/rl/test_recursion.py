@@ -1,11 +1,60 @@
-"""Recursion rounds in training: a later round alone in its group still gets a baseline."""
+"""Recursion rounds in training: every round trains, each credited with its episode's reward, and a later round alone
+in its group still gets a baseline."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
+from flax import nnx
 
+from models.config import ModelConfig
+from models.testing import tiny_config
+from models.transformer import Transformer
 from rl import advantages
+from rl.learner import Learner, LearnerConfig, OptimizerConfig
+from rl.loop import LoopConfig, Rollout, TrainingLoop
+from rl.metrics import MetricsWriter
+from rollout.types import Completion, SamplingParams
+
+DISCOUNT = 0.2
+
+
+class RecordingLearner(Learner):
+    """A real learner that also keeps every batch it was given."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches = []
+
+    def update(self, batch):
+        self.batches.append(batch)
+        return super().update(batch)
+
+
+def _learner(vocab_size: int = 256, **changes) -> RecordingLearner:
+    config = ModelConfig.from_hf(tiny_config("llama", num_hidden_layers=1, vocab_size=vocab_size))
+    learner_config = LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-3, schedule="constant"), **changes)
+    return RecordingLearner(Transformer(config, rngs=nnx.Rngs(0)), learner_config)
+
+
+def _loop(world, sampler, learner, *, writer=None, questions=2, group=4, **config) -> TrainingLoop:
+    return TrainingLoop(
+        LoopConfig(iterations=1, questions_per_step=questions, group_size=group, **config),
+        learner=learner, sampler=sampler, sampling_params=SamplingParams(max_new_tokens=3, seed=0),
+        weight_sync=lambda model, version: None, world=world, pad_id=0, writer=writer,
+    )
+
+
+def _rollouts(logdir) -> list[dict]:
+    return [json.loads(line) for line in (logdir / "rollouts.jsonl").read_text().splitlines()]
+
+
+def _row_advantages(batch) -> np.ndarray:
+    """Each row's advantage, read at its first loss token."""
+    return np.asarray(batch.advantages)[np.arange(batch.batch_size), np.asarray(batch.loss_mask).argmax(axis=1)]
 
 
 # -- the baseline of a later round alone in its group --------------------------------------------------------------
@@ -53,3 +102,110 @@ def test_lone_later_round_crediting_rejects_rows_that_are_not_first_rounds():
         advantages.credit_lone_later_rounds(rewards, group_ids, round_two_follows_round_one)
     with pytest.raises(ValueError, match="equal-length"):
         advantages.credit_lone_later_rounds(rewards, group_ids[:-1], first_round_rows)
+
+
+# -- the loop, on a world whose rewards are token parities -------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ChainWorld:
+    """A round is valid when its first token is even (otherwise a format error: reward 0, the episode ends); its own
+    reward is then 0.5, or 1 when its second token is even too. A later round's reward blends the round before it in
+    as the env does: DISCOUNT * previous + (1 - DISCOUNT) * own. A valid round gets a follow-up prompt while it is
+    before round `rounds`."""
+
+    rounds: int = 2
+    num_questions: int = 3
+    question_strata = None
+
+    def prompt_ids(self, question):
+        return [1, 2, question + 3]
+
+    def score(self, questions, completions, contexts, sample_ids):
+        rollouts = []
+        for completion, context in zip(completions, contexts or [None] * len(completions)):
+            valid = completion[0] % 2 == 0
+            own = (0.5 + 0.5 * float(completion[1] % 2 == 0)) if valid else 0.0
+            round_index, reward = (0, own) if context is None else (
+                context[0] + 1, DISCOUNT * context[1] + (1 - DISCOUNT) * own
+            )
+            follow = valid and round_index < self.rounds
+            rollouts.append(Rollout(reward, {"correct": own}, context=(round_index, reward),
+                                    followup_prompt_ids=[1, 2, 100 + round_index * 10 + completion[2] % 10] if follow
+                                    else None))  # fmt: skip
+        return rollouts
+
+    def decode(self, token_ids):
+        return " ".join(map(str, token_ids))
+
+
+class SeededSampler:
+    def generate(self, prompt_ids, params, n):
+        rng = np.random.default_rng(params.seed)
+        return [
+            [Completion(tuple(p), tuple(int(t) for t in rng.integers(3, 256, 3)), (-1.0,) * 3, "length", 0)
+             for _ in range(n)]
+            for p in prompt_ids
+        ]
+
+
+def test_two_recursion_rounds_train_the_second_and_third_rounds_on_their_episodes_reward(tmp_path):
+    learner = _learner()
+    writer = MetricsWriter(tmp_path)
+    # Seed 3 gives an iteration with rows in all three rounds and both valid and invalid second rounds.
+    loop = _loop(ChainWorld(rounds=2), SeededSampler(), learner, writer=writer, recursion_rounds=2, seed=3,
+                 length_buckets=(16,))
+    scalars = loop.run()[0]
+    writer.close()
+    rows = _rollouts(tmp_path)
+    counts = [sum(r["round"] == k for r in rows) for k in range(3)]
+    assert counts[0] == 8 and counts[1] > 0 and counts[2] > 0 and counts[2] < counts[1], counts
+    assert [scalars[f"recursion/round{k}_rows"] for k in range(3)] == counts
+    # The batch the learner trained on holds every round's rows, each with loss tokens.
+    batch = learner.batches[0]
+    assert batch.batch_size == len(rows) == sum(counts)
+    assert np.asarray(batch.loss_mask).any(axis=1).all()
+    # An episode's reward is its last round's, and every round of it trains on that reward.
+    last_round = {}
+    for row in rows:
+        last_round[row["episode"]] = row
+    for row in rows:
+        assert row["episode_reward"] == pytest.approx(last_round[row["episode"]]["reward"])
+    # Rounds are grouped by question and round; rows whose episode reward differs from their group's get a gradient.
+    group_ids = np.asarray(batch.group_ids)
+    row_advantages = _row_advantages(batch)
+    np.testing.assert_allclose(row_advantages, [row["advantage"] for row in rows], rtol=1e-6)
+    for k in (1, 2):
+        in_round = np.array([row["round"] == k for row in rows])
+        assert set(group_ids[in_round].tolist()) <= set(range(2 * k, 2 * k + 2))
+        trained = int((row_advantages[in_round] != 0).sum())
+        assert trained > 0 and scalars[f"recursion/round{k}_trained_rows"] == trained
+    assert learner.optimizer_step == 1
+
+
+class OneValidFirstRound:
+    """Each question's first completion writes a valid workflow, the others format errors: every question has one
+    valid first round, so its second round is alone in its group."""
+
+    def generate(self, prompt_ids, params, n):
+        groups = []
+        for p in prompt_ids:
+            rows = [(4 if j == 0 else 5, 3 + 2 * j + p[-1] % 2, 7) for j in range(n)]
+            groups.append([Completion(tuple(p), row, (-1.0,) * 3, "length", 0) for row in rows])
+        return groups
+
+
+@pytest.mark.parametrize("dynamic_sampling", [False, True])
+def test_a_second_round_alone_in_its_group_trains_with_its_episodes_first_round_advantage(dynamic_sampling):
+    learner = _learner()
+    loop = _loop(ChainWorld(rounds=1), OneValidFirstRound(), learner, recursion_rounds=1,
+                 dynamic_sampling=dynamic_sampling, length_buckets=(16,))
+    scalars = loop.run()[0]
+    batch = learner.batches[0]
+    assert batch.batch_size == 8 + 2, "two questions of four, one second round each"
+    row_advantages = _row_advantages(batch)
+    # Second rounds (rows 8, 9) follow the first completion of each question (rows 0 and 4).
+    np.testing.assert_allclose(row_advantages[8:], row_advantages[[0, 4]], rtol=1e-6)
+    assert (row_advantages[8:] > 0.5).all()
+    assert np.asarray(batch.loss_mask)[8:].any(axis=1).all()
+    assert scalars["recursion/round1_trained_rows"] == 2

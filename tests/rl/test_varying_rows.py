@@ -18,8 +18,10 @@ from models.testing import tiny_config
 from models.transformer import Transformer
 from rl import advantages
 from rl.learner import Learner, LearnerConfig, OptimizerConfig, optimizer_steps_per_update
+from rl.loop import LoopConfig, Rollout, TrainingLoop
 from rl.losses import LossConfig
 from rl.trajectories import build
+from rollout.types import Completion, SamplingParams
 
 CONFIG = ModelConfig.from_hf(tiny_config("llama", num_hidden_layers=1))
 # Padding changes the passes and devices the rows are summed over, so parameters agree to fp32 rounding, not bits.
@@ -133,3 +135,73 @@ def test_a_mini_batch_that_does_not_split_over_the_devices_is_padded_with_the_sa
     reference = _train(Learner(_model(), config), batch)
     _assert_same_update(sharded_result, reference)
     assert _moved(reference[0]) > 2 * LEARNING_RATE
+
+
+class FollowUpsWhenEven:
+    """A world whose first round is valid when its first token is even (reward 0.5 + 0.5 * [second token even]) and
+    then gets a follow-up round; a format error (odd first token) scores 0 and ends the episode. The number of
+    follow-up rows in an iteration is the number of valid first rounds, which varies."""
+
+    num_questions = 3
+    question_strata = None
+
+    def prompt_ids(self, question):
+        return [1, 2, question + 3]
+
+    def score(self, questions, completions, contexts, sample_ids):
+        rollouts = []
+        for completion, context in zip(completions, contexts or [None] * len(completions)):
+            own = float(completion[0] % 2 == 0) * (0.5 + 0.5 * float(completion[1] % 2 == 0))
+            if context is not None:
+                rollouts.append(Rollout(0.2 * context + 0.8 * own, {"correct": own}))
+            else:
+                valid = completion[0] % 2 == 0
+                rollouts.append(Rollout(own, {"correct": own}, context=own if valid else None,
+                                        followup_prompt_ids=[1, 2, 200 + completion[1]] if valid else None))
+        return rollouts
+
+    def decode(self, token_ids):
+        return " ".join(map(str, token_ids))
+
+
+class SeededSampler:
+    def generate(self, prompt_ids, params, n):
+        rng = np.random.default_rng(params.seed)
+        return [
+            [Completion(tuple(p), tuple(int(t) for t in rng.integers(3, 256, 3)), (-1.0,) * 3, "length", 0)
+             for _ in range(n)]
+            for p in prompt_ids
+        ]
+
+
+class RecordingLearner(Learner):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.updates = []
+
+    def update(self, batch):
+        metrics = super().update(batch)
+        self.updates.append((batch.batch_size, metrics))
+        return metrics
+
+
+def test_a_loop_whose_follow_up_rounds_vary_trains_every_iteration_with_any_batch_sizes():
+    # 2 questions x 4 = 8 first rounds, then a row per valid one: 8 + F rows, F changing every iteration. Neither
+    # mini-batches of 3 rows nor the 2 data-parallel devices divide every such count.
+    learner = RecordingLearner(
+        _model(), _config(mini_batch_size=3, micro_batch_size=3), mesh=make_mesh(fsdp=2, tp=1)
+    )
+    loop = TrainingLoop(
+        LoopConfig(iterations=4, questions_per_step=2, group_size=4, recursion_rounds=1, length_buckets=(16,)),
+        learner=learner, sampler=SeededSampler(), sampling_params=SamplingParams(max_new_tokens=3),
+        weight_sync=lambda model, version: None, world=FollowUpsWhenEven(), pad_id=0,
+    )
+    history = loop.run()
+    rows = [size for size, _ in learner.updates]
+    follow_ups = [int(h["recursion/round1_rows"]) for h in history]
+    assert rows == [8 + f for f in follow_ups] and len(set(rows)) > 1, rows
+    assert any(r % 3 for r in rows) and any(r % 2 for r in rows)
+    for size, metrics in learner.updates:
+        assert metrics["optimizer_steps"] == -(-size // 3)
+    assert learner.optimizer_step == sum(-(-size // 3) for size in rows)
+    assert sum(h["recursion/round1_trained_rows"] for h in history) > 0
