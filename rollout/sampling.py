@@ -5,7 +5,12 @@ Everything here is a function of tensors: no model, no cache, no state.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
+
+# A random stream for the whole batch, or one per row (`row_generators`).
+Generators = torch.Generator | Sequence[torch.Generator] | None
 
 
 def sampler_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -46,7 +51,7 @@ def sample_next_tokens(
     temperature: float,
     top_k: int,
     top_p: float,
-    generator: torch.Generator | None,
+    generator: Generators,
 ) -> torch.Tensor:
     """One token per row of the sampler log-probs `[N, V]` (`sampler_logprobs`): argmax when temperature == 0,
     else a draw from their top-k / top-p filtered distribution.
@@ -62,14 +67,27 @@ def sample_next_tokens(
     return inverse_cdf_draw(probs, generator)
 
 
-def inverse_cdf_draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def row_generators(seed: int, rows: int) -> list[torch.Generator]:
+    """One CPU random stream per row, row r's seeded with `seed + r` (as SGLang seeds each request of a batch), so
+    that a row draws the same tokens whichever other rows share its batch."""
+    return [torch.Generator().manual_seed(seed + row) for row in range(rows)]
+
+
+def inverse_cdf_draw(probs: torch.Tensor, generator: Generators) -> torch.Tensor:
     """One index per row of `probs[N, V]`, drawn with probability probs[n, i].
 
     One uniform per row, located in the row's cumulative distribution. (`torch.multinomial` draws one exponential
     per vocabulary entry on the CPU: with a 49k vocabulary that was most of a decoding step.) The uniform lies in
-    (0, total], so the first index whose cumulative mass reaches it always has positive probability.
+    (0, total], so the first index whose cumulative mass reaches it always has positive probability. With one
+    generator per row, row n's uniform comes from the n-th.
     """
     cdf = probs.cumsum(dim=-1)
-    uniform = 1.0 - torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
+    if isinstance(generator, Sequence):
+        if len(generator) != probs.shape[0]:
+            raise ValueError(f"{len(generator)} generators for {probs.shape[0]} rows")
+        draws = torch.cat([torch.rand(1, generator=row, dtype=cdf.dtype) for row in generator])
+        uniform = 1.0 - draws.to(probs.device)[:, None]
+    else:
+        uniform = 1.0 - torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
     index = torch.searchsorted(cdf, uniform * cdf[:, -1:])
     return index.squeeze(-1).clamp(max=probs.shape[-1] - 1)

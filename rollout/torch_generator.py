@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from rollout.sampling import sample_next_tokens, sampler_logprobs
+from rollout.sampling import row_generators, sample_next_tokens, sampler_logprobs
 from rollout.transport import as_torch
 from rollout.types import Completion, SamplingParams
 
@@ -101,9 +101,7 @@ class TorchGenerator:
         # Explicit positions make a left-padded row compute exactly what it would alone.
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        generator = None if params.seed is None else row_generators(params.seed, num_rows)
         stop_ids = torch.tensor(sorted(self._eos_token_ids | set(params.stop_token_ids)), dtype=torch.long)
         stop_ids = stop_ids.to(self.device)
 

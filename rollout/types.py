@@ -14,6 +14,9 @@ class SamplingParams:
 
     `top_k <= 0` and `top_p == 1.0` disable those filters. Log-probs returned with a completion are always
     `log_softmax(logits / temperature)` of the unfiltered distribution, the quantity the learner recomputes.
+    With a `seed`, row r of a `generate` call (prompt i's completion j, r = i * n + j) draws from its own stream,
+    seeded with `seed + r`: a row's samples do not depend on the other prompts of the call, so a batch split over
+    several calls samples what it would in one (`rl.loop` splits an iteration's questions over processes).
     """
 
     temperature: float = 1.0

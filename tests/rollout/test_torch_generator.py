@@ -70,6 +70,20 @@ def test_seed_makes_sampling_reproducible(model_dir):
     assert len(set(ids(first)[:3])) > 1, "the n samples of one prompt should differ"
 
 
+def test_a_row_samples_by_its_own_seed_whichever_prompts_share_its_call(model_dir):
+    # Row r of a call draws from seed + r, so a prompt asked alone with its rows' seeds samples what it did in a call
+    # with other prompts (and other left padding): rl.loop splits a batch over processes and relies on it.
+    generator = TorchGenerator(model_dir)
+    params = SamplingParams(temperature=5.0, max_new_tokens=8, seed=11)
+    together = generator.generate(PROMPTS, params, n=2)
+    for index, prompt in enumerate(PROMPTS):
+        own_seeds = SamplingParams(temperature=5.0, max_new_tokens=8, seed=11 + 2 * index)
+        (alone,) = generator.generate([prompt], own_seeds, n=2)
+        assert [c.completion_ids for c in alone] == [c.completion_ids for c in together[index]]
+        for mine, theirs in zip(alone, together[index]):
+            np.testing.assert_allclose(mine.logprobs, theirs.logprobs, atol=1e-5)
+
+
 def test_each_sequence_stops_at_its_own_stop_token_and_keeps_it(model_dir):
     generator = TorchGenerator(model_dir)
     greedy = generator.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=10), n=1)
