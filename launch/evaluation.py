@@ -32,12 +32,16 @@ from env.workers.cache import cache_key
 from env.workflow import AccessMode, Workflow, WorkflowFormatError, parse_workflow, render_workflow
 from launch.common import EnvWorld, rollout_metrics
 from models.tokenizer import render_chat
+from rl.loop import Rollout
 from rollout.types import SamplingParams
 
 # Sample ids of evaluation rollouts start here, apart from training's, so cache keys and worker seeds never collide.
 # Sample (question q, repeat r) is EVAL_SAMPLE_ID_BASE + r * questions + q for every method, so two methods that
 # make the same call on the same question and repeat share its cached reply (common random numbers).
 EVAL_SAMPLE_ID_BASE = 10**12
+# A Conductor's later recursion rounds draw their workers afresh, as training's do: round k's sample ids are round 0's
+# plus k times this.
+EVAL_ROUND_SAMPLE_ID_STRIDE = 10**9
 
 BASELINES = (
     "single", "domain_best", "random", "oracle", "moa", "self_reflection", "consensus", "prompted_conductor"
@@ -114,21 +118,74 @@ def summarize(outcomes: Sequence[Outcome], worker_names: Sequence[str]) -> dict[
 # -- a Conductor ---------------------------------------------------------------------------------------------------
 
 
-def _batch_seeded(params: SamplingParams, repeat: int, first_question: int) -> SamplingParams:
-    """`params` with a seed of this batch and repeat's own, derived from the given one: a seeded sampler (the torch
-    generator, SGLang's per-row seeds) draws the same uniforms from the same seed, so one seed for every call would
-    make the repeats copies of each other and tie each batch's rows to the same rows of every other batch."""
+def _batch_seeded(params: SamplingParams, repeat: int, first_question: int, round_index: int = 0) -> SamplingParams:
+    """`params` with a seed of this batch, repeat and recursion round's own, derived from the given one: a seeded
+    sampler (the torch generator, SGLang's per-row seeds) draws the same uniforms from the same seed, so one seed for
+    every call would make the repeats copies of each other and tie each batch's rows to the same rows of every other
+    batch."""
     if params.seed is None:
         return params
-    seed = int(np.random.SeedSequence([params.seed, repeat, first_question]).generate_state(1)[0] >> 1)
+    entropy = [params.seed, repeat, first_question] + ([round_index] if round_index else [])
+    seed = int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
     return dataclasses.replace(params, seed=seed)
+
+
+# An episode's work, summed over its Conductor rounds; its other metrics are its last round's.
+EPISODE_TOTALS = ("steps", "worker_calls", "tokens", "cost_usd", "failed_steps", "conductor_tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Round:
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
+    rollout: Rollout  # its context is the env's Scored
+
+
+def _episode_outcome(task: Task, repeat: int, rounds: Sequence[_Round]) -> Outcome:
+    """The outcome of one question's episode: the last round's answer, grade, format and reward (the env's, which
+    blends in the earlier rounds'), the work of every round, and the workers of every round's steps."""
+    per_round = [
+        {**rollout_metrics(r.rollout.context), "conductor_tokens": float(len(r.prompt_ids) + len(r.completion_ids))}
+        for r in rounds
+    ]
+    metrics = {**per_round[-1], "reward": float(rounds[-1].rollout.reward), "rounds": float(len(rounds))}
+    metrics |= {name: float(sum(m.get(name, 0.0) for m in per_round)) for name in EPISODE_TOTALS}
+    workers = tuple(worker for r in rounds for worker in r.rollout.workers)
+    return Outcome(task.id, task.domain, repeat, metrics, workers)
+
+
+def _episodes(
+    generator: Any, world: EnvWorld, params: SamplingParams, repeat: int, first_question: int,
+    questions: Sequence[int], completions: Sequence[Sequence[int]],
+) -> list[list[_Round]]:
+    """Scores the first-round `completions` and runs the recursion rounds the env asks for (`--recursion_rounds`):
+    each round the world gives a follow-up prompt gets one completion, scored on the round before it."""
+    rollouts = world.score(questions, completions, None, [sample_id(q, repeat, world.num_questions) for q in questions])
+    episodes = [[_Round(world.prompt_ids(q), c, r)] for q, c, r in zip(questions, completions, rollouts)]
+    round_index = 0
+    while following := [i for i, rounds in enumerate(episodes) if rounds[-1].rollout.followup_prompt_ids is not None]:
+        round_index += 1
+        prompts = [list(episodes[i][-1].rollout.followup_prompt_ids) for i in following]
+        groups = generator.generate(prompts, _batch_seeded(params, repeat, first_question, round_index), 1)
+        follow_questions = [questions[i] for i in following]
+        sample_ids = [
+            sample_id(q, repeat, world.num_questions) + round_index * EVAL_ROUND_SAMPLE_ID_STRIDE
+            for q in follow_questions
+        ]
+        contexts = [episodes[i][-1].rollout.context for i in following]
+        follow_completions = [group[0].completion_ids for group in groups]
+        scored = world.score(follow_questions, follow_completions, contexts, sample_ids)
+        for i, prompt, completion, rollout in zip(following, prompts, follow_completions, scored):
+            episodes[i].append(_Round(prompt, completion, rollout))
+    return episodes
 
 
 def conductor_outcomes(
     generator: Any, world: EnvWorld, params: SamplingParams, repeats: int, batch_questions: int = 64
 ) -> list[Outcome]:
-    """One completion per question and repeat, sampled from `generator` and scored by the env. The Conductor's
-    own prompt and completion tokens are `conductor_tokens`.
+    """One episode per question and repeat: a completion sampled from `generator` and scored by the env, and the
+    recursion rounds the env runs after it (`_episode_outcome`). The Conductor's own prompt and completion tokens
+    are `conductor_tokens`.
 
     Greedy decoding (temperature 0) writes the same completion every repeat, so it is generated once and only the
     workers' outcomes are drawn per repeat; a sampled Conductor draws a new completion each repeat.
@@ -145,12 +202,8 @@ def conductor_outcomes(
                 groups = generator.generate(prompts, _batch_seeded(params, repeat, start), 1)
                 completions = [group[0].completion_ids for group in groups]
                 greedy_completions.update(zip(questions, completions))
-            sample_ids = [sample_id(q, repeat, world.num_questions) for q in questions]
-            rollouts = world.score(questions, completions, None, sample_ids)
-            for question, completion, rollout in zip(questions, completions, rollouts):
-                conductor_tokens = float(len(world.prompt_ids(question)) + len(completion))
-                outcomes.append(_outcome(world.tasks[question], repeat, rollout.context,
-                                         conductor_tokens=conductor_tokens))  # fmt: skip
+            episodes = _episodes(generator, world, params, repeat, start, questions, completions)
+            outcomes.extend(_episode_outcome(world.tasks[q], repeat, rounds) for q, rounds in zip(questions, episodes))
     return outcomes
 
 

@@ -1,17 +1,25 @@
-"""Recursion rounds in training: every round trains, each credited with its episode's reward, and a later round alone
-in its group still gets a baseline."""
+"""Recursion rounds in training: every round trains, each credited with its episode's reward as the env and the
+evaluation credit it, and a later round alone in its group still gets a baseline."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import zlib
 
 import numpy as np
 import pytest
 from flax import nnx
 
+from env.gym_env import ConductorEnv, EnvConfig
+from env.workflow import Step, Workflow, render_workflow
+from env.worlds import SyntheticWorldConfig, build_world
+from launch import common
+from launch.evaluation import conductor_outcomes
+from models import zoo
 from models.config import ModelConfig
 from models.testing import tiny_config
+from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
 from rl import advantages
 from rl.learner import Learner, LearnerConfig, OptimizerConfig
@@ -209,3 +217,78 @@ def test_a_second_round_alone_in_its_group_trains_with_its_episodes_first_round_
     assert (row_advantages[8:] > 0.5).all()
     assert np.asarray(batch.loss_mask)[8:].any(axis=1).all()
     assert scalars["recursion/round1_trained_rows"] == 2
+
+
+# -- the credit agrees with the env's and the evaluation's ---------------------------------------------------------
+
+
+class ScriptedConductor:
+    """Writes, for a prompt and its row j, a one-step workflow to a worker drawn from the prompt and j, or (one draw
+    in five) no workflow at all. The draw ignores a recursion prompt's previous answer, which training, the env and
+    the evaluation each draw from workers seeded their own way, so the same episode gets the same completions."""
+
+    def __init__(self, tokenizer, pool_size: int):
+        self.tokenizer = tokenizer
+        self.pool_size = pool_size
+
+    def completion_ids(self, prompt, j: int) -> tuple[int, ...]:
+        text = self.tokenizer.decode(list(prompt))
+        answer = text.find("Its final answer was:")
+        if answer >= 0:
+            text = text[:answer] + text[text.index("\n\n", answer):]
+        draw = (zlib.crc32(text.encode()) + 7 * j) % (5 * self.pool_size)
+        if draw % 5 == 0:
+            text = "\nI will not write lists."
+        else:
+            workflow = Workflow(steps=(Step(draw % self.pool_size, "Solve the question."),), reasoning="One step.")
+            text = "\n" + render_workflow(workflow)
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def generate(self, prompt_ids, params, n):
+        return [
+            [Completion(tuple(p), ids, (-1.0,) * len(ids), "stop", 0) for ids in
+             (self.completion_ids(p, j) for j in range(n))]
+            for p in prompt_ids
+        ]
+
+
+def test_the_rewards_credited_in_training_are_the_env_episodes_and_the_evaluations(tmp_path):
+    tokenizer = load_tokenizer(zoo.smollm2_135m_instruct())
+    world_config = SyntheticWorldConfig(num_workers=4, num_tasks=8)
+    # Expected grades: a round's grade is its worker's probability of being right, the same whatever the draw, so
+    # training, the gym episode and the evaluation (each with worker seeds of its own) grade a workflow alike.
+    env_config = EnvConfig(recursion_rounds=2, expected_grades=True)
+    env = ConductorEnv(build_world(world_config), env_config)
+    world = common.EnvWorld(env, tokenizer)
+    conductor = ScriptedConductor(tokenizer, pool_size=4)
+    writer = MetricsWriter(tmp_path)
+    loop = _loop(world, conductor, _learner(vocab_size=len(tokenizer)), writer=writer, questions=2, group=3,
+                 recursion_rounds=2)
+    loop.run()
+    writer.close()
+    rows = _rollouts(tmp_path)
+    episodes: dict[int, list[dict]] = {}
+    for row in rows:
+        episodes.setdefault(row["episode"], []).append(row)
+    lengths = [len(rounds) for rounds in episodes.values()]
+    assert len(episodes) == 6 and 1 in lengths and 3 in lengths, lengths
+
+    # The gym env, stepped through each episode's completions, ends it where training did, with its reward.
+    for rounds in episodes.values():
+        env.reset(options={"task_id": world.tasks[rounds[0]["question"]].id})
+        for index, row in enumerate(rounds):
+            _, reward, terminated, _, _ = env.step(world.decode(row["completion_ids"]))
+            assert reward == pytest.approx(row["reward"], abs=1e-9)
+            assert terminated == (index == len(rounds) - 1)
+        assert reward == pytest.approx(rounds[0]["episode_reward"], abs=1e-9)
+
+    # The evaluation runs the same rounds for each question's first completion, with the same episode reward.
+    outcomes = conductor_outcomes(conductor, world, SamplingParams(temperature=0.0, max_new_tokens=64), repeats=1)
+    by_task = {outcome.task_id: outcome for outcome in outcomes}
+    first_rows = [rounds for episode, rounds in sorted(episodes.items()) if episode % 3 == 0]
+    assert max(len(rounds) for rounds in first_rows) > 1
+    for rounds in first_rows:
+        outcome = by_task[world.tasks[rounds[0]["question"]].id]
+        assert outcome.metrics["rounds"] == len(rounds)
+        assert outcome.metrics["reward"] == pytest.approx(rounds[0]["episode_reward"], abs=1e-9)
+    env.close()
