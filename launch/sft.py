@@ -33,7 +33,7 @@ from absl import app, flags
 
 from env.policies import TEMPLATES, random_template
 from env.prompts import CONDUCTOR_PREFIX
-from env.workflow import WorkflowFormatError, parse_workflow, render_workflow
+from env.workflow import Workflow, WorkflowFormatError, parse_workflow, render_workflow
 from launch import common, console
 from models import hf_io
 from rl.learner import OptimizerConfig
@@ -115,16 +115,32 @@ def make_example(
 
 
 def template_examples(world: common.EnvWorld, count: int, rng: random.Random, probe: bool = False) -> list[Example]:
-    """`count` (prompt, uniformly routed template workflow) pairs over the world's questions."""
+    """`count` (prompt, uniformly routed template workflow) pairs over the world's questions.
+
+    With recursion rounds (`--recursion_rounds` N), each example's round is drawn uniformly from the N + 1, so the
+    student learns the format of every prompt an episode shows it: a later round's prompt follows a template
+    workflow run in the world, and its target is a new template workflow or, half the time, the three empty lists
+    that keep the answer (which to write is left to RL)."""
     pool_size = len(world.env.world.pool)
     access_mode = world.env.config.access_mode
+    rounds = world.env.config.recursion_rounds
     labels = domain_labels(world) if probe else None
-    examples = []
+    examples, earlier_rounds, targets = [], [], []
     for _ in range(count):
         question = rng.randrange(world.num_questions)
         workflow = random_template(pool_size, rng, _TEMPLATES.value)
-        text = "\n" + render_workflow(workflow, access_mode)
-        examples.append(make_example(world, question, completion_ids(world.tokenizer, text), labels))
+        ids = completion_ids(world.tokenizer, "\n" + render_workflow(workflow, access_mode))
+        if rounds and rng.randrange(rounds + 1):
+            kept = rng.random() < 0.5
+            target = Workflow(steps=()) if kept else random_template(pool_size, rng, _TEMPLATES.value)
+            earlier_rounds.append((question, ids))
+            targets.append(completion_ids(world.tokenizer, "\n" + render_workflow(target, access_mode)))
+        else:
+            examples.append(make_example(world, question, ids, labels))
+    if earlier_rounds:
+        questions, ids = zip(*earlier_rounds)
+        scored = world.score(questions, ids, None, range(len(questions)))
+        examples += [Example(tuple(rollout.followup_prompt_ids), target) for rollout, target in zip(scored, targets)]
     return examples
 
 
