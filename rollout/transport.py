@@ -2,7 +2,9 @@
 
 Nothing here knows about Flax; `rollout.weight_sync` turns the learner's model into HF-named tensors and picks a
 transport. The bucket layout is SGLang's `FlattenedTensorBucket` (each tensor's bytes, in order, no padding), so
-a server rebuilding a bucket from the request's names / dtypes / shapes finds every tensor where we put it.
+a server rebuilding a bucket from the request's names / dtypes / shapes finds every tensor where we put it. The
+receiver refuses a tensor that starts at a byte offset its element size does not divide
+(`FlattenedTensorBucket.empty`), so a bucket holds its tensors largest element size first.
 """
 
 from __future__ import annotations
@@ -101,38 +103,38 @@ def plan_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> list
 
 
 def bucket_layout(named_specs: Iterable[tuple[str, torch.dtype, Sequence[int]]]) -> list[BucketEntry]:
-    """Byte ranges of each tensor in a flattened bucket; the receiver derives the same layout from the metadata."""
+    """Byte ranges of each tensor in a flattened bucket, as the receiver derives them from the request; a tensor
+    whose offset is not a multiple of its element size is refused, as SGLang refuses it."""
     entries, offset = [], 0
     for name, dtype, shape in named_specs:
-        size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        element_size = dtype.itemsize
+        if offset % element_size:
+            raise ValueError(f"{name} ({dtype}) would start at byte {offset}, not a multiple of its element size "
+                             f"{element_size}; put larger elements first")
+        size = torch.Size(shape).numel() * element_size
         entries.append(BucketEntry(name=name, dtype=dtype, shape=tuple(int(d) for d in shape), start=offset, end=offset + size))
         offset += size
     return entries
 
 
 def flatten_bucket(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, list[BucketEntry]]:
-    """One uint8 buffer holding every tensor's bytes back to back, and the layout to take them apart again."""
+    """One uint8 buffer holding every tensor's bytes back to back, largest element size first (element sizes are
+    powers of two, so every tensor then starts aligned), and the layout to take them apart again."""
     if not named_tensors:
         raise ValueError("cannot flatten an empty bucket")
-    layout = bucket_layout((name, tensor.dtype, tuple(tensor.shape)) for name, tensor in named_tensors)
-    flat = torch.cat([tensor.contiguous().reshape(-1).view(torch.uint8) for _, tensor in named_tensors])
+    ordered = sorted(named_tensors, key=lambda named: -named[1].element_size())
+    layout = bucket_layout((name, tensor.dtype, tuple(tensor.shape)) for name, tensor in ordered)
+    flat = torch.cat([tensor.contiguous().reshape(-1).view(torch.uint8) for _, tensor in ordered])
     return flat, layout
 
 
 def unflatten_bucket(flat: torch.Tensor, layout: Sequence[BucketEntry]) -> dict[str, torch.Tensor]:
-    """Each tensor inside a flattened bucket: a view, or a copy where its bytes sit misaligned for its dtype
-    (mixed dtypes put an 8-byte tensor after a 2-byte one)."""
+    """Each tensor inside a flattened bucket, as a view of it."""
     if flat.dtype != torch.uint8 or flat.dim() != 1:
         raise ValueError(f"a flattened bucket is a 1-D uint8 tensor, got {flat.dtype} with shape {tuple(flat.shape)}")
     if layout and layout[-1].end != flat.numel():
         raise ValueError(f"bucket holds {flat.numel()} bytes but its layout describes {layout[-1].end}")
-    tensors = {}
-    for entry in layout:
-        chunk = flat[entry.start : entry.end]
-        if chunk.storage_offset() % torch.empty((), dtype=entry.dtype).element_size():
-            chunk = chunk.clone()
-        tensors[entry.name] = chunk.view(entry.dtype).view(entry.shape)
-    return tensors
+    return {entry.name: flat[entry.start : entry.end].view(entry.dtype).view(entry.shape) for entry in layout}
 
 
 def dtype_name(dtype: torch.dtype) -> str:

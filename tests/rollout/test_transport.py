@@ -30,19 +30,21 @@ def test_plan_buckets_fills_in_order_and_lets_a_large_tensor_travel_alone():
         plan_buckets(tensors, bucket_bytes=0)
 
 
-def test_flattened_bucket_holds_each_tensors_bytes_back_to_back_and_round_trips():
+def test_flattened_bucket_holds_each_tensors_bytes_back_to_back_largest_elements_first_and_round_trips():
     matrix = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    named = [("m", matrix.T), ("h", torch.tensor([1.5, -2.0], dtype=torch.bfloat16)), ("i", torch.tensor([7]))]
+    named = [("h", torch.tensor([1.5, -2.0, 0.25], dtype=torch.bfloat16)), ("m", matrix.T), ("i", torch.tensor([7])),
+             ("g", torch.tensor([3.0], dtype=torch.bfloat16))]
     flat, layout = flatten_bucket(named)
 
-    assert flat.dtype == torch.uint8 and flat.numel() == 6 * 4 + 2 * 2 + 8
+    assert flat.dtype == torch.uint8 and flat.numel() == 3 * 2 + 6 * 4 + 8 + 2
+    # In the given order "m" would start at byte 6 and "i" at 30, offsets SGLang's receiver refuses.
     assert [(e.name, e.start, e.end, e.shape) for e in layout] == [
-        ("m", 0, 24, (3, 2)), ("h", 24, 28, (2,)), ("i", 28, 36, (1,))
+        ("i", 0, 8, (1,)), ("m", 8, 32, (3, 2)), ("h", 32, 38, (3,)), ("g", 38, 40, (1,))
     ]
-    torch.testing.assert_close(flat[:24].view(torch.float32), matrix.T.contiguous().reshape(-1))
+    torch.testing.assert_close(flat[8:32].view(torch.float32), matrix.T.contiguous().reshape(-1))
     request = bucket_request(layout)
-    assert request == {"names": ["m", "h", "i"], "dtypes": ["float32", "bfloat16", "int64"],
-                       "shapes": [[3, 2], [2], [1]]}
+    assert request == {"names": ["i", "m", "h", "g"], "dtypes": ["int64", "float32", "bfloat16", "bfloat16"],
+                       "shapes": [[1], [3, 2], [3], [1]]}
     rebuilt = unflatten_bucket(flat.clone(), layout_from_request(request))
     for name, tensor in named:
         torch.testing.assert_close(rebuilt[name], tensor)
@@ -56,6 +58,9 @@ def test_bad_buckets_are_rejected():
         unflatten_bucket(flat[:12], layout)
     with pytest.raises(ValueError, match="uint8"):
         unflatten_bucket(flat.view(torch.float32), layout)
+    misaligned = {"names": ["h", "m"], "dtypes": ["bfloat16", "float32"], "shapes": [[3], [2]]}
+    with pytest.raises(ValueError, match="m \\(torch.float32\\) would start at byte 6, not a multiple of its element size 4"):
+        layout_from_request(misaligned)
 
 
 def test_checkpoint_directory_appears_whole_and_is_never_overwritten(tmp_path):
