@@ -1,6 +1,7 @@
-"""Client of SGLang's native HTTP API (0.5.x): generation over several servers, and weight updates between steps.
+"""Client of SGLang's native HTTP API (0.5.23): generation over several servers, and weight updates between steps.
 
-Wire format (sglang/srt/managers/io_struct.py and entrypoints/http_server.py):
+Wire format (sglang/srt/managers/io_struct.py and entrypoints/http_server.py; checked against SGLang 0.5.23's own
+server code by tests/rollout/test_sglang_conformance.py):
 - `POST /generate` with `GenerateReqInput` fields `input_ids` (a batch), `sampling_params` (one dict per row) and
   `return_logprob`; each answer carries `output_ids` and `meta_info` with `output_token_logprobs`
   (`[logprob, token_id, text]` per generated token), `finish_reason` (`{"type": "stop" | "length" | "abort"}`)
@@ -8,14 +9,17 @@ Wire format (sglang/srt/managers/io_struct.py and entrypoints/http_server.py):
   quantity the learner recomputes.
 - `POST /update_weights_from_disk` (`model_path`, `weight_version`, `flush_cache`) or `POST
   /init_weights_update_group` (`master_address`, `master_port`, `rank_offset`, `world_size`, `group_name`,
-  `backend`) + `POST /update_weights_from_distributed` (`names`, `dtypes`, `shapes`, `group_name`,
-  `load_format="flattened_bucket"`, `flush_cache`, `weight_version`): `{"success", "message"}`, 400 on failure.
+  `backend`) + `POST /begin_weight_update`, one `POST /update_weights_from_distributed` per bucket (`names`,
+  `dtypes`, `shapes`, `group_name`, `load_format="flattened_bucket"`, `flush_cache`, `weight_version`), `POST
+  /end_weight_update`: `{"success", "message"}`, 400 on failure. A distributed update outside the begin / end
+  session is refused.
 - `POST /pause_generation` (`mode`), `POST /continue_generation`, `POST /flush_cache`, `GET /health`.
 - `GET /server_info` (`/get_server_info` before it was renamed): the server's `ServerArgs` as a dict, of which this
   client reads `tp_size`, `pp_size`, `dp_size`, `enable_dp_attention`, `dtype` and `model_path`.
 
 A server joins the weight-update group with `tp_size` ranks, `rank_offset + tp_rank`
-(model_executor/model_runner.py), so the group's world size is 1 (this process) + the sum of the servers' tp sizes.
+(model_executor/model_runner_components/weight_updater.py), so the group's world size is 1 (this process) + the
+sum of the servers' tp sizes.
 A server holds its weights in its `--dtype`; for `auto`, the model config's dtype, float32 turned into float16
 (bfloat16 for Gemma) (configs/model_config.py `_get_and_verify_dtype`). Weights travel in that dtype: float32
 learner weights would cost bfloat16 servers twice the bytes on disk and on the wire for the same result.
@@ -246,6 +250,8 @@ def _server_message(response: httpx.Response) -> str:
         error = body.get("error")
         if isinstance(error, dict) and "message" in error:
             return str(error["message"])
+        if isinstance(error, str):  # /generate's API contract check answers {"error": "<what is wrong>"}
+            return error
         if "message" in body:
             return str(body["message"])
     return response.text.strip()
@@ -517,6 +523,20 @@ class SGLangGenerator:
         device = torch.device("cuda") if self.config.backend == "nccl" else torch.device("cpu")
         if self._update_group is None:
             self._update_group = self._init_update_group()
+        # SGLang loads broadcast weights only inside a weight-update session (managers/scheduler_components/
+        # weight_updater.py); a session left open would refuse the next one, so it is closed after a failure too.
+        self._post_all("/begin_weight_update", {})
+        try:
+            self._broadcast_buckets(tensors, version, device)
+        except SGLangError as error:
+            try:
+                self._post_all("/end_weight_update", {})
+            except SGLangError as end_error:
+                raise SGLangError(f"{error}; closing the weight-update session failed too: {end_error}") from error
+            raise
+        self._post_all("/end_weight_update", {})
+
+    def _broadcast_buckets(self, tensors: dict[str, torch.Tensor], version: int, device: torch.device) -> None:
         buckets = plan_buckets(tensors, self.config.bucket_bytes)
         for index, names in enumerate(buckets):
             flat, layout = flatten_bucket([(name, tensors[name]) for name in names])

@@ -2,7 +2,8 @@
 
 It runs in a thread (HTTP behaviour) or as its own process (`python -m tests.rollout.fake_sglang --port P`), where
 `/init_weights_update_group` really joins a gloo group and `/update_weights_from_distributed` really receives the
-flattened bucket broadcast, as an SGLang server does over NCCL.
+flattened bucket broadcast, as an SGLang server does over NCCL, and like SGLang 0.5.23 only between
+`/begin_weight_update` and `/end_weight_update`.
 
 `GET /server_info` (and its old name `/get_server_info`) answers `server_args`, the few `ServerArgs` fields the
 client reads. A fake with `join_update_group = False` holds `/init_weights_update_group` until it stops, as a
@@ -40,6 +41,7 @@ class FakeSGLang:
         self.fail_updates_with: str | None = None
         self.fail_generate_with_status: int | None = None
         self.paused = False
+        self.update_session_open = False
         self._group = None
         self._lock = threading.Lock()
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())
@@ -95,7 +97,20 @@ class FakeSGLang:
                 backend=body["backend"],
             )
             return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
+        if path == "/begin_weight_update":
+            if self.update_session_open:
+                return 400, {"success": False, "message": "a weight-update session is already open"}
+            self.update_session_open = True
+            return 200, {"success": True, "message": "Success"}
+        if path == "/end_weight_update":
+            if not self.update_session_open:
+                return 400, {"success": False, "message": "no weight-update session is open"}
+            self.update_session_open = False
+            return 200, {"success": True, "message": "Success"}
         if path == "/update_weights_from_distributed":
+            if not self.update_session_open:
+                return 400, {"success": False, "message": "update_weights_from_distributed must run between "
+                                                          "begin_weight_update() and end_weight_update()"}
             if body.get("load_format") != "flattened_bucket":
                 return 400, {"success": False, "message": f"unsupported load_format {body.get('load_format')}"}
             layout = layout_from_request(body)

@@ -255,6 +255,33 @@ def test_distributed_update_broadcasts_flattened_buckets_over_gloo_in_the_server
         server.wait()
 
 
+@pytest.mark.timeout(120)
+def test_a_refused_bucket_still_closes_the_weight_update_session_and_leaves_the_servers_paused():
+    http_port, master_port = free_port(), free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.rollout.fake_sglang", "--port", str(http_port), "--fail-updates-with",
+         "Failed to update parameter online: size mismatch"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        config = SGLangConfig(urls=(f"http://127.0.0.1:{http_port}",), weight_update="distributed", backend="gloo",
+                              master_port=master_port, group_name="refused-bucket", retry_backoff_s=0.0)
+        generator = SGLangGenerator(config)
+        with pytest.raises(SGLangError, match="version 3 failed.*size mismatch"):
+            generator.update_weights({"lm_head.weight": torch.randn(2, 3)}, version=3)
+        events = [path for path, _ in httpx.get(f"{config.urls[0]}/fake/events").json()]
+        # Left open, the session would make the server refuse the next update's /begin_weight_update.
+        assert events[events.index("/begin_weight_update"):] == [
+            "/begin_weight_update", "/update_weights_from_distributed", "/end_weight_update", "/fake/events"
+        ]
+        assert generator.policy_version == 0
+        generator.close()
+    finally:
+        server.kill()
+        server.wait()
+
+
 def test_config_rejects_mismatched_tp_sizes_bad_ports_and_a_loopback_master_for_remote_servers():
     two = ("http://127.0.0.1:30000", "http://127.0.0.1:30001")
     distributed = dict(weight_update="distributed")
