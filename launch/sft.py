@@ -301,6 +301,8 @@ def main(argv: list[str]) -> None:
     log.info("valid workflows after %d steps: %.1f%%", _STEPS.value, 100 * after)
     hf_io.save(model, out)
     tokenizer.save_pretrained(out)
+    # Its format was checked at these settings, so eval and serve sample it at them (common.conductor_sampling_params).
+    common.save_trained_sampling(out, params)
     generator.close()
     print(json.dumps({"valid_before": before, "valid_after": after, "temperature": params.temperature,
                       "final_nll": history[-1]["nll"], "steps": _STEPS.value, "out": str(out)}))

@@ -182,3 +182,5 @@ def test_the_sft_command_measures_validity_at_the_rl_temperature_and_writes_an_h
     assert summary["final_nll"] > 0
     assert "valid workflows before warm-start: 0.0% (temperature 0.5)" in result.stderr
     assert (out / "config.json").exists() and list(out.glob("*.safetensors"))
+    # eval and serve sample it at the settings its format was checked at
+    assert json.loads((out / "trained_sampling.json").read_text()) == {"max_new_tokens": 8, "temperature": 0.5}
