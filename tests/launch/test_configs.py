@@ -1,4 +1,5 @@
-"""Every flagfile shipped in launch/configs/ parses against `launch.train`'s flags (a renamed flag breaks it)."""
+"""Every flagfile shipped in launch/configs/ parses against `launch.train`'s flags (a renamed flag breaks it); a
+`launch.sft` flagfile (one that sets --sft_out) too, since `launch.train` defines the warm-start's flags."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ def _settings(path: pathlib.Path) -> dict[str, str]:
 
 
 def test_the_shipped_flagfiles_are_found():
-    assert {path.name for path in CONFIGS} >= {"paper.cfg", "quickstart.cfg", "synthetic.cfg", "replay_routerdc.cfg"}
+    assert {path.name for path in CONFIGS} >= {
+        "paper.cfg", "quickstart.cfg", "synthetic.cfg", "replay_routerdc.cfg", "serve_local.cfg"
+    }
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
@@ -30,5 +33,9 @@ def test_a_shipped_flagfile_parses_and_sets_its_values(path):
     with flagsaver.flagsaver():
         flags.FLAGS(["train", f"--flagfile={path}"])
         assert flags.FLAGS["world"].value == settings["world"]
-        assert flags.FLAGS["logdir"].value == settings["logdir"]
-        assert flags.FLAGS["iterations"].value == int(settings["iterations"])
+        if "sft_out" in settings:
+            assert flags.FLAGS["sft_out"].value == settings["sft_out"]
+            assert flags.FLAGS["sft_steps"].value == int(settings["sft_steps"])
+        else:
+            assert flags.FLAGS["logdir"].value == settings["logdir"]
+            assert flags.FLAGS["iterations"].value == int(settings["iterations"])
