@@ -1,11 +1,11 @@
 """Start SGLang servers for rollout and wait until each answers /health.
 
 SGLang pins its own torch / transformers / flashinfer versions, which clash with this project's, so it lives in
-a virtual environment of its own and runs as separate processes; only its HTTP API reaches this project
-(`rollout.sglang_generator.SGLangGenerator`). Once, on a GPU host:
+a virtual environment of its own and runs as separate processes; only its HTTP API and the weight-update group
+reach this project (`rollout.sglang_generator.SGLangGenerator`). Once, on a GPU host:
 
     python -m venv ~/.venvs/sglang
-    ~/.venvs/sglang/bin/pip install "sglang[all]>=0.5,<0.6"
+    ~/.venvs/sglang/bin/pip install sglang==0.5.23
 
 Then, for two servers of one GPU each on GPUs 0 and 1:
 
@@ -13,10 +13,14 @@ Then, for two servers of one GPU each on GPUs 0 and 1:
         --sglang_python=~/.venvs/sglang/bin/python
 
 which runs, per server i, `CUDA_VISIBLE_DEVICES=<its GPUs> <sglang_python> -m sglang.launch_server --model-path
-<model_dir> --host <host> --port <base_port + i> --tp-size <tp_size> --mem-fraction-static <fraction>
---weight-version <weight_version>`, prints the urls to pass to `SGLangConfig(urls=...)`, and keeps the servers
-running until interrupted. `--weight-version` makes every answer carry an integer policy version from the first
-request on. `--dry_run` prints the commands without starting anything.
+<model_dir> --host <host> --port <base_port + i> --tp-size <tp_size> --mem-fraction-static <fraction> --dtype
+<server_dtype> --weight-version <weight_version>`, prints the urls to pass to `--sglang_urls`, and keeps the
+servers running until interrupted. `--dtype` is the dtype the servers hold weights in, and so the one the learner
+sends them in; `--weight-version` makes every answer carry an integer policy version from the first request on.
+The weight-update group needs no server flag: the learner forms it over HTTP (`/init_weights_update_group`), and
+each server dials the learner's `--sglang_master_address:--sglang_master_port`. `--dry_run` prints the commands
+without starting anything. The commands are checked against SGLang 0.5.23's own argument parser
+(tests/launch/test_sglang_servers.py).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ import time
 import httpx
 from absl import app, flags
 
+# SGLang's --dtype choices (sglang/srt/arg_groups/fields/model.py).
+SERVER_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "HF model directory every server loads.")
 _NUM_SERVERS = flags.DEFINE_integer("num_servers", 1, "How many servers to start.")
 _TP_SIZE = flags.DEFINE_integer("tp_size", 1, "GPUs per server (tensor parallel size).")
@@ -36,6 +43,10 @@ _FIRST_GPU = flags.DEFINE_integer("first_gpu", 0, "Server i uses GPUs first_gpu 
 _HOST = flags.DEFINE_string("sglang_host", "127.0.0.1", "Interface the servers listen on.")
 _BASE_PORT = flags.DEFINE_integer("base_port", 30000, "Server i listens on base_port + i.")
 _MEM_FRACTION = flags.DEFINE_float("mem_fraction_static", 0.8, "GPU memory share for weights and KV cache.")
+_SERVER_DTYPE = flags.DEFINE_enum(
+    "server_dtype", "bfloat16", list(SERVER_DTYPES),
+    "SGLang's --dtype: what the servers hold weights in, and so what the learner sends (auto: the model config's).",
+)
 _WEIGHT_VERSION = flags.DEFINE_integer("weight_version", 0, "Policy version the servers report until updated.")
 _SGLANG_PYTHON = flags.DEFINE_string("sglang_python", sys.executable, "Python of the environment SGLang is in.")
 _STARTUP_TIMEOUT = flags.DEFINE_float("startup_timeout_s", 900.0, "How long to wait for every /health.")
@@ -51,6 +62,7 @@ def server_commands(
     host: str,
     base_port: int,
     mem_fraction_static: float,
+    dtype: str,
     weight_version: int,
     sglang_python: str,
 ) -> list[tuple[dict[str, str], list[str]]]:
@@ -59,6 +71,8 @@ def server_commands(
         raise ValueError(f"need num_servers >= 1 and tp_size >= 1, got {num_servers} and {tp_size}")
     if not 0.0 < mem_fraction_static < 1.0:
         raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static}")
+    if dtype not in SERVER_DTYPES:
+        raise ValueError(f"dtype must be one of SGLang's {SERVER_DTYPES}, got {dtype!r}")
     commands = []
     for index in range(num_servers):
         gpus = range(first_gpu + index * tp_size, first_gpu + (index + 1) * tp_size)
@@ -69,6 +83,7 @@ def server_commands(
             "--port", str(base_port + index),
             "--tp-size", str(tp_size),
             "--mem-fraction-static", str(mem_fraction_static),
+            "--dtype", dtype,
             "--weight-version", str(weight_version),
         ]
         commands.append(({"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in gpus)}, argv))
@@ -103,6 +118,7 @@ def main(argv: list[str]) -> None:
         host=_HOST.value,
         base_port=_BASE_PORT.value,
         mem_fraction_static=_MEM_FRACTION.value,
+        dtype=_SERVER_DTYPE.value,
         weight_version=_WEIGHT_VERSION.value,
         sglang_python=_SGLANG_PYTHON.value,
     )
