@@ -232,7 +232,7 @@ def load_conductor(out_dir: pathlib.Path, spec: str | None = None) -> tuple[Tran
     spec = spec or _CONDUCTOR.value
     dtype, param_dtype = _dtype(_DTYPE.value), _dtype(_PARAM_DTYPE.value)
     if spec == "tiny":
-        tokenizer_dir = zoo.smollm2_135m_instruct()
+        tokenizer_dir = zoo.smollm2_135m_instruct_tokenizer()  # the weights are not read
         tokenizer = load_tokenizer(tokenizer_dir)
         hf_config = tiny_conductor_config(len(tokenizer), _TINY_LAYERS.value, _TINY_WIDTH.value)
         config = ModelConfig.from_hf(hf_config, dtype=dtype, param_dtype=param_dtype, remat=_REMAT.value)
