@@ -51,6 +51,7 @@ from rollout.transport import (
     flatten_bucket,
     join_weight_update_group,
     plan_buckets,
+    rendezvous_url,
     write_checkpoint,
 )
 from rollout.types import Completion, SamplingParams
@@ -574,7 +575,7 @@ class SGLangGenerator:
             self._pool.submit(self._post, url, "/init_weights_update_group", body, request_timeout_s)
             for url, body in requests.items()
         ]
-        address = f"tcp://{self.master_address}:{self.config.master_port}"
+        address = rendezvous_url(self.master_address, self.config.master_port)
         try:
             group = join_weight_update_group(
                 master_address=self.master_address,

@@ -159,6 +159,13 @@ def layout_from_request(request: Mapping[str, Sequence]) -> list[BucketEntry]:
     )
 
 
+def rendezvous_url(master_address: str, master_port: int) -> str:
+    """The `tcp://` address both sides of the weight-update group rendezvous at, an IPv6 address in brackets as
+    SGLang's servers write it (`NetworkAddress.to_tcp`)."""
+    host = f"[{master_address}]" if ":" in master_address else master_address
+    return f"tcp://{host}:{master_port}"
+
+
 def join_weight_update_group(
     *,
     master_address: str,
@@ -176,7 +183,7 @@ def join_weight_update_group(
     public call for an extra top-level group, so this uses the same c10d helpers SGLang uses.
     """
     store, rank, world_size = next(
-        distributed_c10d.rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout)
+        distributed_c10d.rendezvous(rendezvous_url(master_address, master_port), rank, world_size, timeout=timeout)
     )
     store.set_timeout(timeout)
     group, _ = distributed_c10d._new_process_group_helper(

@@ -11,6 +11,7 @@ from rollout.transport import (
     layout_from_request,
     plan_buckets,
     read_checkpoint,
+    rendezvous_url,
     unflatten_bucket,
     write_checkpoint,
 )
@@ -76,3 +77,9 @@ def test_checkpoint_directory_appears_whole_and_is_never_overwritten(tmp_path):
         torch.testing.assert_close(loaded[name], tensor)
     with pytest.raises(FileExistsError, match="already exists"):
         write_checkpoint(tensors, out)
+
+
+def test_the_rendezvous_url_brackets_an_ipv6_address_as_sglangs_servers_do():
+    assert rendezvous_url("10.0.0.1", 29600) == "tcp://10.0.0.1:29600"
+    assert rendezvous_url("learner.local", 29600) == "tcp://learner.local:29600"
+    assert rendezvous_url("fd00::1", 29600) == "tcp://[fd00::1]:29600"
