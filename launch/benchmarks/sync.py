@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
+from typing import Any
 
 import jax
 import torch
 
 from launch.benchmarks.common import Report, timed
 from models import hf_io
+from models.transformer import Transformer
 from models.zoo import smollm2_135m_instruct
 from rollout.sglang_generator import served_dtype
 from rollout.torch_generator import TorchGenerator
@@ -29,28 +31,42 @@ from rollout.weight_sync import save_checkpoint, sync
 REPEATS = 5
 
 
-def run() -> Report:
-    model_dir = smollm2_135m_instruct()
-    model = hf_io.load(model_dir)
-    generator = TorchGenerator(model_dir)
+def in_process_seconds(
+    model: Transformer, generator: TorchGenerator, *, dtype: Any = None, repeats: int = REPEATS
+) -> tuple[list[float], list[float], int]:
+    """(sync seconds, memcpy seconds, bytes): `repeats` in-process syncs of `model` into `generator` (cast to `dtype`
+    on the learner's device first, when given) alternating with as many copies of one buffer of the generator's
+    parameter bytes into another on the generator's device, after one untimed of each (the first sync adopts the
+    learner's memory layout). On a GPU each timing waits for the device to finish."""
     total_bytes = sum(p.numel() * p.element_size() for p in generator.model.parameters())
-    source = torch.ones(total_bytes, dtype=torch.uint8)
+    source = torch.ones(total_bytes, dtype=torch.uint8, device=generator.device)
     target = torch.empty_like(source)
-    versions = iter(range(1, 1_000_000))
+    finish = torch.cuda.synchronize if generator.device.type == "cuda" else lambda: None
 
     def in_process() -> None:
-        sync(model, generator, next(versions))
+        sync(model, generator, generator.policy_version + 1, dtype=dtype)
+        finish()
 
     def memcpy() -> None:
         target.copy_(source)
+        finish()
 
     jax.block_until_ready(jax.tree.leaves(model))
     in_process()
     memcpy()
     sync_s, memcpy_s = [], []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         sync_s += timed(in_process, repeats=1, warmup=0)
         memcpy_s += timed(memcpy, repeats=1, warmup=0)
+    return sync_s, memcpy_s, total_bytes
+
+
+def run() -> Report:
+    model_dir = smollm2_135m_instruct()
+    model = hf_io.load(model_dir)
+    generator = TorchGenerator(model_dir)
+    sync_s, memcpy_s, total_bytes = in_process_seconds(model, generator)
+    versions = iter(range(generator.policy_version + 1, 1_000_000))
 
     learner_dtype = str(next(generator.model.parameters()).dtype).removeprefix("torch.")
     server_dtype = served_dtype("auto", json.loads((model_dir / "config.json").read_text()))
