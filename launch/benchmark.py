@@ -19,7 +19,7 @@ from absl import app, flags
 from launch import console
 from launch.benchmarks.common import emit
 
-SUITES = ("forward", "learner", "rollout", "sync", "env", "e2e")
+SUITES = ("forward", "learner", "rollout", "sync", "env", "e2e", "gpu")
 
 _SUITE = flags.DEFINE_enum("suite", None, SUITES, "Which benchmark suite to run.")
 
