@@ -62,8 +62,7 @@ def smollm2_135m_instruct_tokenizer() -> pathlib.Path:
 
 def copy_tokenizer(cache_home: str | os.PathLike) -> pathlib.Path:
     """Copies every file of the cached SmolLM2 checkpoint but its weights into the cache that `XDG_CACHE_HOME=
-    cache_home` names (fetching the checkpoint first if needed); returns the copy's directory. 3.5 MB against the
-    weights' 540 MB."""
+    cache_home` names (fetching the checkpoint first if needed); returns the copy's directory."""
     source = smollm2_135m_instruct()
     target = pathlib.Path(cache_home) / "conductor-rl" / SMOLLM2_DIR_NAME
     if target.exists() and target.samefile(source):

@@ -1,4 +1,4 @@
-"""`--suite=gpu`: one run on a CUDA GPU, in under 8 minutes, of what the GPU side of this stack is for.
+"""`--suite=gpu`: one run on a CUDA GPU, meant to end within 8 minutes, of what the GPU side of this stack is for.
 
 - **quickstart**: `launch/configs/quickstart.cfg` trained to its end as a user runs it (a subprocess), the learner on
   JAX's GPU and the torch generator on the GPU too (`--generator_device=cuda`). Reported: the iterations done, the
@@ -21,13 +21,14 @@ the torch generator on the GPU: its default, reserving 75% of the GPU when its b
 quickstart's process and the torch generators a quarter. The quickstart starts with `RETAIN_HOST_MEMORY=0` unless
 set: `launch.host_memory`'s malloc settings slow XLA:GPU's compiles several times over.
 
-**On a lent GPU machine** (no network; its image has JAX with a CUDA plugin, torch with CUDA, flax, optax, orbax and
-transformers, under `python3`):
-1. Here, once: `python -m launch.benchmarks.gpu .cache-gpu` writes SmolLM2's tokenizer, without the weights, to
-   `.cache-gpu/conductor-rl/` (the quickstart's tiny Conductor reads nothing else; `models.zoo` cannot download
-   there) and the cp312 wheels of `gpu_requirements.txt` (the packages the image lacks) to `.cache-gpu/wheels/`,
-   about 20 MB together. `.cache-gpu/` is git-ignored, so it travels only as a carried path.
-2. The device tool's `run`, with `carry=[".cache-gpu"]` and `timeout_s=450`:
+**On an offline GPU host** such as this workplace's lent machines (no network; their image has JAX with a CUDA
+plugin, torch with CUDA, flax, optax, orbax and transformers, under `python3`, so nothing large is installed):
+1. On a machine with network, once: `python -m launch.benchmarks.gpu .cache-gpu` writes SmolLM2's tokenizer, without
+   the weights, to `.cache-gpu/conductor-rl/` (the quickstart's tiny Conductor reads nothing else; `models.zoo` cannot
+   download there) and the cp312 wheels of `gpu_requirements.txt` (the packages the image lacks) to
+   `.cache-gpu/wheels/`. `.cache-gpu/` is git-ignored, so it travels only as a carried path (within the tool's 64 MiB).
+2. There, from a copy of the working tree with `.cache-gpu/` beside it (the device tool's `run`, with
+   `carry=[".cache-gpu"]` and `timeout_s=450`, which leaves a 15-minute lease room to rerun a part or two):
 
        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
        .cache-gpu/wheels/*.whl && export PYTHONPATH=/tmp/site:$PWD XDG_CACHE_HOME=$PWD/.cache-gpu \
