@@ -49,10 +49,12 @@ LIGHT_DEPENDENCIES = (
     "soundfile==0.14.0",
 )
 REQUIREMENTS = (f"sglang=={SGLANG_VERSION}", *LIGHT_DEPENDENCIES)
-# pip's words for an index it could not reach (as opposed to a package or version it could not find).
+# pip's words for an index it could not reach, or that lists no sglang at all ("from versions: none"), as opposed
+# to a package or version it could not install.
 _UNREACHABLE = ("Failed to establish a new connection", "Temporary failure in name resolution",
                 "Network is unreachable", "Connection refused", "ConnectTimeoutError", "ReadTimeoutError",
-                "No route to host", "Max retries exceeded", "ProxyError")
+                "No route to host", "Max retries exceeded", "ProxyError",
+                f"requirement sglang=={SGLANG_VERSION} (from versions: none)")
 
 
 class IndexUnreachable(RuntimeError):
