@@ -34,7 +34,9 @@ _METHODS = flags.DEFINE_list(
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Passes over the questions; accuracy standard errors are over these.")
 _OUT_DIR = flags.DEFINE_string("out_dir", "runs/eval", "Where results.json, results.md and the plot go.")
 _CONDUCTOR_TEMPERATURE = flags.DEFINE_float(
-    "conductor_temperature", 0.0, "Sampling temperature of the evaluated Conductor (0: greedy)."
+    "conductor_temperature", 0.0,
+    "Sampling temperature of the evaluated Conductor. The default 0 is greedy decoding: how a trained Conductor is "
+    "evaluated, and what launch.serve tries first.",
 )
 _MOA_LAYERS = flags.DEFINE_integer("moa_layers", 1, "Mixture-of-Agents layers (every worker proposes in each).")
 _REFLECTION_REVISIONS = flags.DEFINE_integer("reflection_revisions", 2, "Revisions of the self-reflection baseline.")
