@@ -162,9 +162,14 @@ def quickstart(time_box_s: float = QUICKSTART_TIME_BOX_S) -> dict[str, Any]:
 
 def learner_update() -> dict[str, Any]:
     report = learner_suite.accelerator_update(learner_suite.QWEN25_1_5B, **learner_suite.ACCELERATOR_SHAPE)
-    (row,) = report.rows
-    figures = {name: value for name, value in report.figures.items() if name != "model_shape"}
-    return {"model_shape": "Qwen2.5-1.5B", **figures, "median_s": row[1], "min_s": row[2], "note": report.notes[0]}
+    return {"model": "Qwen2.5-1.5B-shaped, random weights", **learner_figures(report)}
+
+
+def learner_figures(accelerator_report: Report) -> dict[str, Any]:
+    """The learner suite's accelerator figures, with the median and fastest update and its note."""
+    (row,) = accelerator_report.rows
+    figures = {name: value for name, value in accelerator_report.figures.items() if name != "model_shape"}
+    return {**figures, "median_s": row[1], "min_s": row[2], "note": accelerator_report.notes[0]}
 
 
 def weight_sync(hf_config: Mapping[str, Any] = learner_suite.QWEN25_1_5B, device: str = "cuda",

@@ -139,6 +139,19 @@ def test_the_learner_parts_update_flops_match_a_hand_count_and_the_h200_figures(
     assert flops / 0.298 / 521.6e12 == pytest.approx(0.479, abs=0.0005)
 
 
+def test_the_learner_part_reports_the_accelerator_updates_figures():
+    accelerator = learner_suite.accelerator_update(SMALL_QWEN2, batch=4, prompt=16, completion=16, micro_batch=2,
+                                                   matmul_size=128)  # fmt: skip
+    figures = gpu.learner_figures(accelerator)
+
+    (row,) = accelerator.rows
+    assert figures["median_s"] == row[1] and figures["min_s"] == row[2] and figures["note"] == accelerator.notes[0]
+    assert figures["flax_mfu"] == round(row[4], 4) and figures["batch"] == 4 and "model_shape" not in figures
+    rows = {(part, figure): value for part, figure, value in gpu.report({}, {"learner": figures}, 1.0).rows}
+    assert rows[("learner", "MFU (vs measured bf16 matmul)")] == figures["flax_mfu"]
+    assert rows[("learner", "tokens/s")] == figures["flax_tokens_per_s"] == round(4 * 32 / row[1], 1)
+
+
 def test_the_in_process_sync_cast_to_bfloat16_lands_the_learners_weights_in_the_generator():
     model = Transformer(ModelConfig.from_hf(SMALL_QWEN2, param_dtype="float32"), rngs=nnx.Rngs(0))
     hf_model = transformers.AutoModelForCausalLM.from_config(
