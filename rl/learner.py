@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx, struct
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.logprobs import completion_predictors, token_logprobs
 from models.sharding import batch_sharding, shard_model
@@ -326,6 +326,14 @@ class Learner:
         self._graphdef, params, self._other_state = nnx.split(model, nnx.Param, ...)
         self._learning_rate = config.optimizer.learning_rate_schedule()
         self.opt_state = config.optimizer.make().init(params)
+        if mesh is not None:
+            # State that follows no parameter (AdamW's step count) is replicated over the mesh, as the rest of the
+            # state is placed by the parameters: a checkpoint restores every leaf where it finds it here.
+            replicated = NamedSharding(mesh, PartitionSpec())
+            self.opt_state = jax.tree.map(
+                lambda leaf: leaf if isinstance(leaf.sharding, NamedSharding) else jax.device_put(leaf, replicated),
+                self.opt_state,
+            )
         # The reference is a frozen copy of the starting weights, and exists only when the KL term is on.
         self.reference_params = jax.tree.map(jnp.copy, params) if config.loss.kl_coef else None
         self.step = 0  # completed `update` calls
