@@ -4,6 +4,10 @@ One checkpoint holds the parameters, the optimizer state, the frozen reference p
 the learner's step counters, the loop's RNG key and an opaque JSON dict of loop state (for example the data
 position). Restoring into a learner built the same way and continuing gives bit-identical parameters to a run that
 was never interrupted.
+
+In a multi-process run every process saves and restores (orbax's multi-host checkpointing, coordinated through
+`jax.distributed`): each writes the shards of the sharded arrays it holds into the one directory, which every
+process must see (a shared file system or a bucket), and process 0 writes the rest.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ class Checkpointer:
     def save(self, step: int, learner: Learner, rng_key: jax.Array, loop_state: dict[str, Any]) -> None:
         """Writes checkpoint `step` and waits until it is on disk. `loop_state` must be JSON-serialisable."""
         typed_key = jax.dtypes.issubdtype(rng_key.dtype, jax.dtypes.prng_key)
-        rng_data = jax.random.key_data(rng_key) if typed_key else rng_key
+        # A host array: orbax writes it once, from process 0, where a device array would be one process's own.
+        rng_data = np.asarray(jax.random.key_data(rng_key) if typed_key else rng_key)
         meta = {
             "learner_step": learner.step,
             "optimizer_step": learner.optimizer_step,
@@ -73,7 +78,7 @@ class Checkpointer:
         targets = {
             "params": learner.params,
             "opt_state": learner.opt_state,
-            "rng": jax.ShapeDtypeStruct(tuple(meta["rng_shape"]), np.dtype(meta["rng_dtype"])),
+            "rng": np.zeros(tuple(meta["rng_shape"]), np.dtype(meta["rng_dtype"])),
         }
         if learner.reference_params is not None:
             targets["reference_params"] = learner.reference_params
