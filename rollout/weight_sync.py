@@ -8,6 +8,13 @@ Names, transposes and tied embeddings come from `models.hf_io.param_map`, the on
   (`rollout.transport.write_checkpoint`), for generators in other processes or on other hosts;
 - SGLang: `sync(model, sglang_generator, version)`, which sends through the generator's configured path
   (`/update_weights_from_disk`, or flattened NCCL buckets broadcast from this process), in the servers' dtype.
+
+In a multi-process run (`jax.distributed`, one process per host) each process syncs its own generators, from a whole
+copy of every parameter: its own replica of a replicated one (a norm), else one it gathers from all processes' shards
+(`process_allgather`; the learner's fsdp/tp split puts most of every matrix elsewhere). The in-process generator
+holds whole weights, and SGLang's update endpoints take whole tensors too (a server's tensor-parallel split is its
+own, unrelated to the learner's mesh). The gather is a collective, so every process syncs at the same point of the
+loop, which `rl.loop` does.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import jax
 import ml_dtypes
 import numpy as np
 import torch
+from jax.experimental import multihost_utils
 
 from models.hf_io import param_map, variable_at
 from models.transformer import Transformer
@@ -28,11 +36,17 @@ from rollout.types import Generator
 
 
 def jax_to_torch(array: jax.Array) -> torch.Tensor:
-    """A torch tensor with the array's values: a DLPack view when the array lives on one device, else a host copy."""
+    """A torch tensor with the array's values: a DLPack view when the array lives on one device, else a host copy
+    (gathered from every process when the array spans several: a collective)."""
     if len(array.sharding.device_set) == 1:
         return torch.from_dlpack(array)
     # Gathering makes a new host buffer anyway; jax hands it out read-only, torch wants it writable.
-    host = np.array(jax.device_get(array))
+    if array.is_fully_addressable:
+        host = np.array(jax.device_get(array))
+    elif array.is_fully_replicated:
+        host = np.array(array.addressable_data(0))
+    else:
+        host = np.array(multihost_utils.process_allgather(array, tiled=True))
     if host.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(host)
