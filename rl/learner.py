@@ -36,6 +36,12 @@ With `run_duplicates_once`, rows identical to an earlier row of their prompt blo
 a sharpening Conductor often writes one workflow several times in a group) are not run either: they take that
 row's log-probs and entropies, and autodiff sums their loss gradients into its pass. Each row keeps its own
 advantage, old and sampler log-probs and aggregation weight, so the update is the same.
+
+In a multi-process run (one JAX process per host, `jax.distributed`), the mesh spans every process's devices and
+every process calls `update` with the same global batch (`rl.loop` gathers the rows the processes sampled). The
+host-side planning above (mini-batches, padding, the rows each step runs, their length bucket) needs the whole batch
+and is the same on every process, so the processes run the same programs on the same shapes; each global array is
+made with `jax.make_array_from_process_local_data`, every device taking its own rows from its host's copy.
 """
 
 from __future__ import annotations
@@ -318,6 +324,11 @@ class Learner:
     """Owns the live model (what weight sync reads), the optimizer state and the frozen reference (KL only)."""
 
     def __init__(self, model: nnx.Module, config: LearnerConfig, *, mesh: Mesh | None = None):
+        if jax.process_count() > 1 and (mesh is None or mesh.devices.size != jax.device_count()):
+            raise ValueError(
+                f"a learner in a run of {jax.process_count()} processes needs a mesh over all {jax.device_count()} "
+                "devices"
+            )
         self.model = model
         self.config = config
         self.mesh = mesh
@@ -354,9 +365,14 @@ class Learner:
         self.optimizer_step = optimizer_step
 
     def _place(self, tree):
+        """Host arrays onto the devices, rows split over `fsdp`. Every process holds the same rows (see the module
+        docstring) and hands them all over; each of its devices takes its own slice."""
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, tree)
-        return jax.device_put(tree, batch_sharding(self.mesh))
+        sharding = batch_sharding(self.mesh)
+        return jax.tree.map(
+            lambda array: jax.make_array_from_process_local_data(sharding, np.asarray(array), np.shape(array)), tree
+        )
 
     @property
     def _data_parallel(self) -> int:

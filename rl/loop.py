@@ -8,17 +8,34 @@
 `launch/` binds them to `env` and `rollout`. A killed run resumes from its last checkpoint with the same data
 position, RNG key and policy version, and the metrics it had logged past that checkpoint are dropped (so nothing is
 duplicated when those iterations run again).
+
+Several processes (one per host, `jax.distributed`; `launch/distributed.py`) split the sampling by question group:
+- every process computes the iteration's questions alike (`question_order`); with P processes, process p takes
+  questions [p*Q/P, (p+1)*Q/P) of the Q (`questions_per_step`, which P must divide), and samples and scores their
+  groups with its own generator and worker pool. A group, and every recursion round of its episodes, stays on one
+  process.
+- row r of a round (rows numbered across the processes, process by process, as one process would number them)
+  draws from that round's seed + r (`SamplingParams.seed`) and scores with sample id r past the round's first, so a
+  row's sample and worker draws do not depend on how many processes share the iteration.
+- the processes then gather every row (`_gathered`, `jax.experimental.multihost_utils.process_allgather`), so each
+  holds the iteration's whole batch, in the order one process would have it. Advantages, the learner's batch, its
+  update (`rl.learner`: the same programs on every process, over a mesh of all their devices), the metrics and the
+  checkpoint's loop state are then those of a one-process run on the same questions and samples.
+Process 0 alone logs the progress line and writes metrics, TensorBoard events and rollouts.jsonl (launch gives the
+others no writer); every process saves checkpoints (orbax's multi-host save) and syncs its own generator.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from rl import advantages as advantage_estimators
 from rl import trajectories
@@ -209,6 +226,11 @@ class TrainingLoop:
         self._strata = getattr(world, "question_strata", None) if config.stratify_questions else None
         if config.stratify_questions and self._strata is None:
             raise ValueError("stratify_questions needs a world with question_strata (a label per question)")
+        if config.questions_per_step % jax.process_count():
+            raise ValueError(
+                f"questions_per_step {config.questions_per_step} does not split over {jax.process_count()} processes: "
+                "each process samples an equal share of every iteration's questions; choose a multiple"
+            )
 
     # -- state --------------------------------------------------------------------------------------------------
 
@@ -244,18 +266,23 @@ class TrainingLoop:
     # -- one iteration ----------------------------------------------------------------------------------------------
 
     def _sample(self, prompts: list[Sequence[int]], questions: list[int], first_group: int, n: int,
-                contexts: list[Any] | None, times: dict[str, float]) -> _Sampled:
+                contexts: list[Any] | None, times: dict[str, float], *, first_row: int, rows: int) -> _Sampled:
+        """This process's rows of a round of `rows` rows (over all processes), the round's rows `first_row` on: `n`
+        completions of each prompt, scored. Row r of the round draws from the round's seed + r and has sample id r
+        past the round's first (see the module docstring)."""
         self.rng_key, key = jax.random.split(self.rng_key)
         seed = int(jax.random.randint(key, (), 0, np.iinfo(np.int32).max))
+        sample_ids = [self._next_sample_id + first_row + i for i in range(len(prompts) * n)]
+        self._next_sample_id += rows
+        if not prompts:
+            return _Sampled([], [], [], [])
         started = time.perf_counter()
-        groups = self.sampler.generate(prompts, dataclasses.replace(self.sampling_params, seed=seed), n)
+        groups = self.sampler.generate(prompts, dataclasses.replace(self.sampling_params, seed=seed + first_row), n)
         scored = time.perf_counter()
         completions = [completion for group in groups for completion in group]
         row_questions = [q for q in questions for _ in range(n)]
         group_ids = [first_group + i for i in range(len(questions)) for _ in range(n)]
         row_contexts = None if contexts is None else [c for c in contexts for _ in range(n)]
-        sample_ids = [self._next_sample_id + i for i in range(len(completions))]
-        self._next_sample_id += len(completions)
         rollouts = self.world.score(row_questions, [c.completion_ids for c in completions], row_contexts, sample_ids)
         times["generate"] = times.get("generate", 0.0) + scored - started
         times["score"] = times.get("score", 0.0) + time.perf_counter() - scored
@@ -269,12 +296,17 @@ class TrainingLoop:
 
         questions = question_order(self.world.num_questions, config.seed, self.data_position,
                                    config.questions_per_step, self._strata)
-        prompts = [self.world.prompt_ids(q) for q in questions]
-        rounds = [self._sample(prompts, questions, 0, config.group_size, None, times)]
-        rounds[0].episodes = list(range(len(rounds[0].completions)))
+        share = config.questions_per_step // jax.process_count()
+        first_group = jax.process_index() * share
+        mine = questions[first_group : first_group + share]
+        first_row = first_group * config.group_size
+        rounds = [self._sample([self.world.prompt_ids(q) for q in mine], mine, first_group, config.group_size, None,
+                               times, first_row=first_row, rows=config.questions_per_step * config.group_size)]
+        rounds[0].episodes = [first_row + i for i in range(len(rounds[0].completions))]
         for _ in range(config.recursion_rounds):
             if not self._recursion_round(rounds, times):
                 break
+        rounds = _gathered(rounds)
 
         rows = [(s, i) for s in rounds for i in range(len(s.completions))]
         completions = [s.completions[i] for s, i in rows]
@@ -334,7 +366,10 @@ class TrainingLoop:
         prompt. False when there was none."""
         last = rounds[-1]
         follow = [i for i, r in enumerate(last.rollouts) if r.followup_prompt_ids is not None]
-        if not follow:
+        # Every process takes the same decision (and the same RNG split): a process with no follow-up of its own
+        # still takes part in a round that another process's episodes continue.
+        counts = _from_every_process(len(follow))
+        if not sum(counts):
             return False
         sampled = self._sample(
             [last.rollouts[i].followup_prompt_ids for i in follow],
@@ -343,12 +378,16 @@ class TrainingLoop:
             1,
             [last.rollouts[i].context for i in follow],
             times,
+            first_row=sum(counts[: jax.process_index()]),
+            rows=sum(counts),
         )
         # Each row of a later round is a group of one, so it is grouped with its question's other rows of this
-        # round: round k of the question of first-round group g is group k * questions_per_step + g.
+        # round: round k of the question of first-round group g (episodes g * group_size ..) is group
+        # k * questions_per_step + g.
         sampled.episodes = [last.episodes[i] for i in follow]
         sampled.group_ids = [
-            len(rounds) * self.config.questions_per_step + rounds[0].group_ids[episode] for episode in sampled.episodes
+            len(rounds) * self.config.questions_per_step + episode // self.config.group_size
+            for episode in sampled.episodes
         ]
         rounds.append(sampled)
         return True
@@ -396,11 +435,12 @@ class TrainingLoop:
         headline = " ".join(
             f"{name} {scalars[f'rollout/{name}']:.3g}" for name in HEADLINE_METRICS if f"rollout/{name}" in scalars
         )
-        log.info(
-            "iter %d/%d reward %.3f %s | generate %.1fs score %.1fs learn %.1fs sync %.2fs | eta %.0fs",
-            self.iteration, self.config.iterations, scalars["reward/mean"], headline, scalars["time/generate"],
-            scalars["time/score"], scalars["time/learn"], scalars["time/sync"], remaining,
-        )
+        if jax.process_index() == 0:
+            log.info(
+                "iter %d/%d reward %.3f %s | generate %.1fs score %.1fs learn %.1fs sync %.2fs | eta %.0fs",
+                self.iteration, self.config.iterations, scalars["reward/mean"], headline, scalars["time/generate"],
+                scalars["time/score"], scalars["time/learn"], scalars["time/sync"], remaining,
+            )
         if self.writer is None:
             return
         first = rounds[0]
@@ -446,3 +486,35 @@ class TrainingLoop:
         if self.writer is not None:
             self.writer.flush()
         return history
+
+
+def _from_every_process(value: Any) -> list[Any]:
+    """Every process's `value` (anything picklable), in process order; `[value]` in a one-process run. A collective:
+    every process calls it at the same point."""
+    if jax.process_count() == 1:
+        return [value]
+    payload = np.frombuffer(pickle.dumps(value), dtype=np.uint8)
+    sizes = multihost_utils.process_allgather(np.int64(payload.size))
+    # Padded to a power of two, so a run compiles a handful of gather programs, not one per payload size.
+    padded = np.zeros(1 << int(sizes.max() - 1).bit_length(), dtype=np.uint8)
+    padded[: payload.size] = payload
+    gathered = multihost_utils.process_allgather(padded)
+    return [pickle.loads(gathered[index, :size].tobytes()) for index, size in enumerate(sizes)]
+
+
+def _gathered(rounds: list[_Sampled]) -> list[_Sampled]:
+    """Every process's rows of each round, process after process: as one process sampling all the groups would hold
+    them (a process's episodes follow those of the processes before it). Contexts stay with the process that ran
+    them (they matter only to its next round)."""
+    if jax.process_count() == 1:
+        return rounds
+    mine = [
+        (s.questions, s.group_ids, s.completions, [dataclasses.replace(r, context=None) for r in s.rollouts],
+         s.episodes)
+        for s in rounds
+    ]
+    every = _from_every_process(mine)
+    return [
+        _Sampled(*(sum((process[index][field] for process in every), []) for field in range(5)))
+        for index in range(len(rounds))
+    ]
