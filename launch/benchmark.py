@@ -2,6 +2,8 @@
 
 Each suite lives in `launch/benchmarks/<NAME>.py` and exposes `run() -> Report`; this entry point prints the
 table and, as its last line, one JSON object of the figures. Speed goals are checked here, never in pytest.
+Started on several hosts as one job (`launch/distributed.py`), the learner suite runs over all their devices and
+process 0 prints the report.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import importlib
 
 from absl import app, flags
 
-from launch import console
+from launch import console, distributed
 from launch.benchmarks.common import emit
 
 SUITES = ("forward", "learner", "rollout", "sync", "env", "e2e", "gpu")
@@ -27,8 +29,11 @@ _SUITE = flags.DEFINE_enum("suite", None, SUITES, "Which benchmark suite to run.
 def main(argv: list[str]) -> None:
     del argv
     console.configure()
+    distributed.initialize()
     module = importlib.import_module(f"launch.benchmarks.{_SUITE.value}")
-    emit(module.run())
+    report = module.run()
+    if distributed.is_main_process():
+        emit(report)
 
 
 if __name__ == "__main__":

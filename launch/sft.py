@@ -11,6 +11,10 @@ a few questions and reports the fraction of completions that parse as workflows.
 `--sft_domain_probe_weight` > 0 trains, beside the likelihood, a linear probe (discarded afterwards) that predicts
 the question's domain from the hidden state where the first worker id is chosen (see rl/sft.py): the student still
 routes uniformly, but its decision state carries the domain, so RL can learn per-domain routing from there.
+
+Launched on several hosts as one job (`launch/distributed.py`), every process fits the same examples on one device
+of its own (the supervised trainer has no mesh; a warm-start is small), the processes take process 0's result, and
+process 0 writes it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from absl import app, flags
 from env.policies import TEMPLATES, random_template
 from env.prompts import CONDUCTOR_PREFIX
 from env.workflow import Workflow, WorkflowFormatError, parse_workflow, render_workflow
-from launch import common, console
+from launch import common, console, distributed
 from models import hf_io
 from rl.learner import OptimizerConfig
 from rl.loop import question_order
@@ -286,19 +290,24 @@ def warm_start(model: Any, world: common.EnvWorld, steps: int, seed: int) -> lis
 def main(argv: list[str]) -> None:
     del argv
     console.configure()
+    distributed.initialize()
     out = pathlib.Path(_OUT.value)
-    model, tokenizer, model_dir = common.load_conductor(out / "init")
+    model, tokenizer, model_dir = common.load_conductor(distributed.process_dir(out) / "init")
     world = common.EnvWorld(common.build_env(), tokenizer)
-    generator, sync = common.build_generator(model_dir, out)
+    generator, sync = common.build_generator(model_dir, distributed.process_dir(out))
     probe = list(range(min(8, world.num_questions)))
     # Validity is measured at the sampling settings RL will use (--temperature, --top_p, --top_k, --max_tokens).
     params = common.sampling_params()
     before = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)
     log.info("valid workflows before warm-start: %.1f%% (temperature %g)", 100 * before, params.temperature)
     history = warm_start(model, world, _STEPS.value, common.seed())
+    distributed.share_process_zero_weights(model)
     sync(model, 1)
     after = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)
     log.info("valid workflows after %d steps: %.1f%%", _STEPS.value, 100 * after)
+    if not distributed.is_main_process():
+        generator.close()
+        return
     hf_io.save(model, out)
     tokenizer.save_pretrained(out)
     # Its format was checked at these settings, so eval and serve sample it at them (common.conductor_sampling_params).

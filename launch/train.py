@@ -6,6 +6,11 @@ generator and its weight sync (`--generator`, `--sync`), the learner (estimator,
 `--checkpoint_dir` (default `<logdir>/checkpoints`), and the trained Conductor as an HF directory to
 `<logdir>/conductor_final` (what `launch.eval` and `launch.serve` take as `--conductor`). Rerunning the same
 command resumes from the last checkpoint.
+
+Several hosts run it as one job (`launch/distributed.py`: `--coordinator_address`, `--num_processes`,
+`--process_id`, or a TPU pod, SLURM or Open MPI): one process per host, the learner's mesh over every host's devices,
+each process sampling its share of every iteration's questions (`rl.loop`). Process 0 writes the logs, the final
+Conductor and the summary; every process writes its part of each checkpoint, into the one `--checkpoint_dir`.
 """
 
 from __future__ import annotations
@@ -23,10 +28,9 @@ import pathlib
 
 from absl import app, flags
 
-from launch import common, console, sft
+from launch import common, console, distributed, sft
 from launch.evaluation import evaluate, greedy_valid_format, held_out_questions
 from models import hf_io
-from models.sharding import make_mesh
 from rl.advantages import ESTIMATORS
 from rl.checkpoint import Checkpointer
 from rl.learner import Learner, LearnerConfig, OptimizerConfig, optimizer_steps_per_update
@@ -92,8 +96,10 @@ _ADAM_EPS = flags.DEFINE_float(
     "every parameter by about the learning rate each step, whatever its gradient's size.",
 )
 _MAX_GRAD_NORM = flags.DEFINE_float("max_grad_norm", 1.0, "Global gradient-norm clip.")
-_MESH_FSDP = flags.DEFINE_integer("mesh_fsdp", 1, "Devices on the fsdp mesh axis.")
-_MESH_TP = flags.DEFINE_integer("mesh_tp", 1, "Devices on the tensor-parallel mesh axis.")
+_MESH_FSDP = flags.DEFINE_integer(
+    "mesh_fsdp", 1, "Devices on the fsdp mesh axis, counted over all processes (fsdp x tp: all of them, multi-host)."
+)
+_MESH_TP = flags.DEFINE_integer("mesh_tp", 1, "Devices on the tensor-parallel mesh axis, counted over all processes.")
 _WARM_START_STEPS = flags.DEFINE_integer("warm_start_steps", 0, "Supervised format warm-start steps before RL.")
 # -- run bookkeeping ---------------------------------------------------------------------------------------------------
 _LOG_DIR = flags.DEFINE_string("logdir", "runs/train", "TensorBoard events, metrics.jsonl, rollouts.jsonl.")
@@ -168,23 +174,23 @@ def learner_config(max_rows: int, max_completion_tokens: int) -> LearnerConfig:
 def main(argv: list[str]) -> None:
     del argv
     console.configure()
+    distributed.initialize()
     log_dir = pathlib.Path(_LOG_DIR.value)
     checkpoint_dir = pathlib.Path(_CHECKPOINT_DIR.value or log_dir / "checkpoints")
     if not _RESUME.value and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
         raise SystemExit(f"{checkpoint_dir} holds checkpoints and --noresume was given; choose a new --logdir")
 
-    model, tokenizer, model_dir = common.load_conductor(log_dir / "conductor_init")
+    model, tokenizer, model_dir = common.load_conductor(distributed.process_dir(log_dir) / "conductor_init")
     env = common.build_env()
     world = common.EnvWorld(env, tokenizer)
     checkpointer = Checkpointer(checkpoint_dir, keep=_KEEP.value)
     if _WARM_START_STEPS.value and checkpointer.latest_step() is None:
         sft.warm_start(model, world, _WARM_START_STEPS.value, common.seed())
+    distributed.share_process_zero_weights(model)
 
-    generator, weight_sync = common.build_generator(model_dir, log_dir)
+    generator, weight_sync = common.build_generator(model_dir, distributed.process_dir(log_dir))
     sampling = common.sampling_params()
-    mesh = None
-    if _MESH_FSDP.value * _MESH_TP.value > 1:
-        mesh = make_mesh(fsdp=_MESH_FSDP.value, tp=_MESH_TP.value)
+    mesh = distributed.learner_mesh(_MESH_FSDP.value, _MESH_TP.value)
     loop_config = LoopConfig(
         iterations=_ITERATIONS.value,
         questions_per_step=_QUESTIONS.value,
@@ -198,7 +204,7 @@ def main(argv: list[str]) -> None:
         seed=common.seed(),
     )
     learner = Learner(model, learner_config(loop_config.max_rows, sampling.max_new_tokens), mesh=mesh)
-    writer = MetricsWriter(log_dir)
+    writer = MetricsWriter(log_dir) if distributed.is_main_process() else None
     loop = TrainingLoop(
         loop_config,
         learner=learner,
@@ -211,7 +217,12 @@ def main(argv: list[str]) -> None:
         checkpointer=checkpointer,
     )
     history = loop.run()
-    final_dir = hf_io.save(learner.model, log_dir / "conductor_final")
+    final_model = distributed.host_copy(learner.model)
+    if not distributed.is_main_process():
+        checkpointer.close()
+        generator.close()
+        return
+    final_dir = hf_io.save(final_model, log_dir / "conductor_final")
     tokenizer.save_pretrained(final_dir)
     common.save_trained_sampling(final_dir, sampling)
     summary = {"iterations": loop.iteration, "logdir": str(log_dir), "conductor_final": str(final_dir)}

@@ -13,6 +13,10 @@ update on the batch GRPO actually produces, 2 groups of 4 completions that share
 learner encodes once per group (`LearnerConfig.share_prompts`); its tokens/s counts the full rows, since the update
 it computes is the same.
 
+In a multi-process run (`launch/distributed.py`: one process per host), the suite times the accelerator update
+over a mesh of every process's devices, each device taking the single-device figure's rows (the global batch and
+micro-batch grow with the device count); process 0 prints the report.
+
 The torch step runs in a process of its own, driven step by step from this one so the engines still alternate, and
 every engine takes `WARMUP_UPDATES` untimed updates. The one-micro-batch update faults its 5.2 GB buffer in afresh
 on each of its first two calls; with one warm-up, and beside torch in one glibc heap, some runs kept faulting (a
@@ -34,9 +38,12 @@ import torch
 import transformers
 from flax import nnx
 
+from jax.sharding import Mesh
+
 from launch.benchmarks.common import Report, timed
 from models import hf_io, zoo
 from models.config import ModelConfig
+from models.sharding import make_mesh
 from models.transformer import Transformer
 from rl.learner import Learner, LearnerConfig, OptimizerConfig
 from rl.losses import LossConfig
@@ -152,7 +159,14 @@ def _torch_engine(connection, model_dir, tokens, attention_mask, loss_mask, adva
 
 def run() -> Report:
     """The torch comparison on a CPU; the bf16 Qwen2.5-1.5B-shaped update on an accelerator (torch here is a CPU
-    build, so there is no like-for-like baseline beside a GPU or TPU)."""
+    build, so there is no like-for-like baseline beside a GPU or TPU); over every process's devices in a
+    multi-process run."""
+    if jax.process_count() > 1:
+        devices = jax.device_count()
+        shape = ACCELERATOR_SHAPE | {
+            "batch": ACCELERATOR_SHAPE["batch"] * devices, "micro_batch": ACCELERATOR_SHAPE["micro_batch"] * devices
+        }
+        return accelerator_update(QWEN25_1_5B, **shape, mesh=make_mesh(fsdp=devices))
     if jax.default_backend() == "cpu":
         return cpu_comparison()
     return accelerator_update(QWEN25_1_5B, **ACCELERATOR_SHAPE)
@@ -160,12 +174,16 @@ def run() -> Report:
 
 def accelerator_update(
     hf_config: dict, *, batch: int, prompt: int, completion: int, micro_batch: int,
-    matmul_size: int = ACCELERATOR_MATMUL_SIZE,
+    matmul_size: int = ACCELERATOR_MATMUL_SIZE, mesh: Mesh | None = None,
 ) -> Report:
-    """Tokens/s and MFU of `Learner.update` with bf16 matmuls and float32 weights on the default device, against
-    the bf16 square-matmul rate measured in the same run."""
+    """Tokens/s and MFU of `Learner.update` with bf16 matmuls and float32 weights on the default device (on `mesh`,
+    rows split over its devices), against the bf16 square-matmul rate measured in the same run (on one device, times
+    the mesh's devices)."""
     config = ModelConfig.from_hf(hf_config, dtype="bfloat16", param_dtype="float32")
-    learner = Learner(Transformer(config, rngs=nnx.Rngs(0)), _learner_config(micro_batch_size=micro_batch))
+    learner = Learner(
+        Transformer(config, rngs=nnx.Rngs(0)), _learner_config(micro_batch_size=micro_batch), mesh=mesh
+    )
+    devices = 1 if mesh is None else mesh.devices.size
     trajectories, _ = _random_batch(batch=batch, prompt=prompt, completion=completion, vocab=config.vocab_size,
                                     groups=1, shared_prompts=False)  # fmt: skip
 
@@ -174,7 +192,7 @@ def accelerator_update(
         jax.block_until_ready(learner.params)
 
     seconds = timed(update, repeats=REPEATS, warmup=WARMUP_UPDATES)
-    peak = _matmul_flops_per_s(jnp.bfloat16, matmul_size, ACCELERATOR_CHAINED_MATMULS)
+    peak = _matmul_flops_per_s(jnp.bfloat16, matmul_size, ACCELERATOR_CHAINED_MATMULS) * devices
     n_tokens = batch * (prompt + completion)
     flops = _update_flops(hf_config, n_tokens, prompt + completion, batch * completion)
     median = statistics.median(seconds)
@@ -185,6 +203,8 @@ def accelerator_update(
         rows=[["flax Learner.update, bf16", median, min(seconds), n_tokens / median, flops / median / peak]],
         figures={
             "device": device,
+            "devices": devices,
+            "processes": jax.process_count(),
             "model_shape": hf_config,
             "batch": batch,
             "prompt_tokens": prompt,
@@ -197,10 +217,11 @@ def accelerator_update(
             "bf16_matmul_tflops_per_s": round(peak / 1e12, 1),
         },
         notes=[
-            f"{device}: {batch} x ({prompt} prompt + {completion} completion) tokens in micro-batches of "
+            f"{devices} x {device} ({jax.process_count()} processes): {batch} x ({prompt} prompt + {completion} "
+            f"completion) tokens in micro-batches of "
             f"{micro_batch}, median of {REPEATS} updates after {WARMUP_UPDATES} untimed ones; MFU against the "
-            f"{matmul_size}^3 bf16 matmul rate measured in this run, {ACCELERATOR_CHAINED_MATMULS} chained per call "
-            f"({peak / 1e12:.1f} TFLOP/s)",
+            f"{matmul_size}^3 bf16 matmul rate measured in this run on one device, {ACCELERATOR_CHAINED_MATMULS} "
+            f"chained per call, times {devices} devices ({peak / 1e12:.1f} TFLOP/s)",
         ],
     )
 

@@ -11,6 +11,7 @@ from flax import nnx
 from launch.benchmarks import learner as learner_suite
 from models import zoo
 from models.config import ModelConfig
+from models.sharding import make_mesh
 from models.transformer import Transformer
 
 SMALL = learner_suite.QWEN25_1_5B | {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
@@ -69,3 +70,14 @@ def test_the_bf16_update_figure_runs_and_counts_its_tokens_and_model_flops():
     assert figures["update_tflops"] == pytest.approx(_counted_update_flops(SMALL, 4, 16, 16) / 1e12, rel=1e-5)
     assert 0 < mfu < 1
     assert json.dumps(figures)  # the suite's JSON line must serialise
+
+
+def test_the_bf16_update_figure_over_a_mesh_counts_every_device():
+    # What a multi-process run times: the update over a mesh of every process's devices (here one process's four).
+    report = learner_suite.accelerator_update(SMALL, batch=8, prompt=16, completion=16, micro_batch=4, matmul_size=256,
+                                              mesh=make_mesh(fsdp=4))
+    (row,) = report.rows
+    median_s, tokens_per_s, mfu = row[1], row[3], row[4]
+    assert (report.figures["devices"], report.figures["processes"]) == (4, 1)
+    assert tokens_per_s == 8 * 32 / median_s
+    assert 0 < mfu < 1
