@@ -18,6 +18,8 @@ A process that dies takes the run down: the coordination service stops hearing i
 distributed service detected fatal errors ... The following tasks are unhealthy (stopped sending heartbeats): <ids>"
 (exit status 134). A process that never starts keeps the others waiting `--distributed_init_timeout_s` at startup,
 then they fail with a connection error. Rerun the same commands on every host to resume from the last checkpoint.
+At the end of `launch.train`, process 0 writes the final Conductor and evaluates it alone while the others wait for
+it (`wait_for_every_process`), at most `--distributed_shutdown_timeout_s`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pathlib
 from typing import Any
 
 import jax
+import orbax.checkpoint as ocp
 from absl import flags
 from flax import nnx
 from jax.experimental import multihost_utils
@@ -56,8 +59,9 @@ _INIT_TIMEOUT = flags.DEFINE_integer(
     "distributed_init_timeout_s", 300, "Seconds the processes wait for each other to start.", lower_bound=1
 )
 _SHUTDOWN_TIMEOUT = flags.DEFINE_integer(
-    "distributed_shutdown_timeout_s", 300,
-    "Seconds a finished process waits at exit for the others (process 0 runs the end-of-run evaluation alone).",
+    "distributed_shutdown_timeout_s", 3600,
+    "Seconds the processes wait at the end of a run for the last of them (launch.train's process 0 runs the "
+    "end-of-run evaluation alone while the others wait), before the run fails.",
     lower_bound=1,
 )
 
@@ -96,6 +100,14 @@ def initialize() -> None:
         "process %d of %d: %d local devices, %d in all", jax.process_index(), jax.process_count(),
         jax.local_device_count(), jax.device_count(),
     )
+
+
+def wait_for_every_process(barrier: str) -> None:
+    """Returns once every process has called it with the same `barrier` name (at once in a one-process run), or fails
+    after `--distributed_shutdown_timeout_s`. The processes that finish first wait here, not at JAX's exit barrier:
+    had they exited, that barrier's timeout would have ended the run, process 0's evaluation with it."""
+    if jax.process_count() > 1:
+        ocp.multihost.get_jax_distributed_client().wait_at_barrier(barrier, _SHUTDOWN_TIMEOUT.value * 1000)
 
 
 def is_main_process() -> bool:

@@ -218,9 +218,10 @@ def main(argv: list[str]) -> None:
     )
     history = loop.run()
     final_model = distributed.host_copy(learner.model)
+    checkpointer.close()
     if not distributed.is_main_process():
-        checkpointer.close()
         generator.close()
+        distributed.wait_for_every_process("launch.train: end of run")  # while process 0 evaluates and writes
         return
     final_dir = hf_io.save(final_model, log_dir / "conductor_final")
     tokenizer.save_pretrained(final_dir)
@@ -244,9 +245,9 @@ def main(argv: list[str]) -> None:
         eval_world = common.EnvWorld(common.build_env(_EVAL_TASKS.value), tokenizer)
         summary["eval"] = evaluate(generator, eval_world, params=dataclasses.replace(sampling, temperature=0.0))
     writer.close()
-    checkpointer.close()
     generator.close()
     print(json.dumps(summary, sort_keys=True))
+    distributed.wait_for_every_process("launch.train: end of run")
 
 
 if __name__ == "__main__":
