@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.machinery
+import importlib.util
 import os
 import pathlib
 import platform
@@ -47,6 +48,11 @@ LIGHT_DEPENDENCIES = (
     "setproctitle==1.3.8",
     "einops==0.8.2",
     "soundfile==0.14.0",
+    "orjson==3.13.0",
+    "jsonschema==4.26.0",
+    "jsonschema-specifications==2025.9.1",
+    "referencing==0.37.0",
+    "rpds-py==0.30.0",
 )
 REQUIREMENTS = (f"sglang=={SGLANG_VERSION}", *LIGHT_DEPENDENCIES)
 # pip's words for an index it could not reach, or that lists no sglang at all ("from versions: none"), as opposed
@@ -125,6 +131,21 @@ class _PlaceholderFinder:
         pass
 
 
+def _notebook_display_stand_in() -> None:
+    """`sglang.utils` imports IPython's notebook display helpers at module level; no test displays anything, and
+    IPython with its dependencies is not worth installing for that."""
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("IPython is not installed in the SGLang test environment")
+
+    ipython = types.ModuleType("IPython")
+    ipython.__path__ = []
+    display = types.ModuleType("IPython.display")
+    display.HTML = display.display = unavailable
+    ipython.display = display
+    sys.modules["IPython"], sys.modules["IPython.display"] = ipython, display
+
+
 def import_sglang(site: str | os.PathLike) -> None:
     """Makes `import sglang.srt...` work in this process, from the packages in `site`.
 
@@ -155,3 +176,5 @@ def import_sglang(site: str | os.PathLike) -> None:
         patches.enter_context(unittest.mock.patch.object(torch.backends.mps, "is_available", lambda: True))
         _platform_stubs.install_platform_stubs()
     sys.meta_path.insert(0, _PlaceholderFinder("torchvision"))
+    if importlib.util.find_spec("IPython") is None:
+        _notebook_display_stand_in()
