@@ -12,17 +12,10 @@ import pytest
 from absl import app
 from absl.testing import flagsaver
 
-from env.tasks.data_files import DATA_DIR_ENV, RemoteDataset, RemoteFile
+from env.tasks.data_files import DATA_DIR_ENV, RemoteDataset
 from env.worlds import PaperWorldConfig
 from launch import common, data
-from tests.env.test_data_files import PAYLOADS, FileServer, tiny_dataset
-
-
-@pytest.fixture
-def server():
-    served = FileServer(PAYLOADS)
-    yield served
-    served.close()
+from tests.env.test_data_files import PAYLOADS, server, tiny_dataset  # noqa: F401 (server: a fixture, used by name)
 
 
 @pytest.fixture

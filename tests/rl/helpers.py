@@ -18,6 +18,7 @@ import numpy as np
 import optax
 
 from rl.learner import Learner, OptimizerConfig
+from rollout.types import Completion
 
 # The rounding of a gradient summed in another order, per unit of the clipping norm (which bounds every coordinate).
 # A sum of n float32 terms rounds to within n * 2^-24 of their absolute sum at worst, about sqrt(n) * 2^-24
@@ -72,3 +73,34 @@ def assert_same_training_state(learner: Learner, reference: Learner) -> None:
         (learner.params, learner.opt_state), (reference.params, reference.opt_state),
         optimizer=reference.config.optimizer, steps=reference.optimizer_step,
     )
+
+
+class RecordingLearner(Learner):
+    """A real learner that also keeps every batch it was given and the metrics of its update."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches, self.metrics = [], []
+
+    def update(self, batch):
+        metrics = super().update(batch)
+        self.batches.append(batch)
+        self.metrics.append(metrics)
+        return metrics
+
+
+class SeededSampler:
+    """Three random tokens per completion, drawn from the call's seed (so a resumed run draws what it would have);
+    `calls` records each call's prompt count, completions per prompt and seed."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompt_ids, params, n):
+        self.calls.append((len(prompt_ids), n, params.seed))
+        rng = np.random.default_rng(params.seed)
+        return [
+            [Completion(tuple(p), tuple(int(t) for t in rng.integers(3, 256, 3)), (-1.0,) * 3, "length", 0)
+             for _ in range(n)]
+            for p in prompt_ids
+        ]

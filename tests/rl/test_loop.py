@@ -17,32 +17,15 @@ from models.config import ModelConfig
 from models.testing import tiny_config
 from models.transformer import Transformer
 from rl.checkpoint import Checkpointer
-from rl.learner import Learner, LearnerConfig, OptimizerConfig
+from rl.learner import LearnerConfig, OptimizerConfig
 from rl.loop import LoopConfig, Rollout, TrainingLoop, question_order
 from rl.losses import LossConfig
 from rl.metrics import MetricsWriter
-from rollout.types import Completion, SamplingParams
+from rollout.types import SamplingParams
+from tests.rl.helpers import RecordingLearner, SeededSampler
 
 VOCAB = 256
 
-
-class SeededSampler:
-    """Completions of 3 random tokens, drawn from the sampling seed (so a resumed run draws what it would have)."""
-
-    def __init__(self):
-        self.calls = []
-
-    def generate(self, prompt_ids, params, n):
-        self.calls.append((len(prompt_ids), n, params.seed))
-        rng = np.random.default_rng(params.seed)
-        return [
-            [
-                Completion(tuple(prompt), tuple(int(t) for t in rng.integers(3, VOCAB, 3)), (-1.0, -1.0, -1.0),
-                           "length", 0)
-                for _ in range(n)
-            ]
-            for prompt in prompt_ids
-        ]
 
 
 @dataclasses.dataclass
@@ -73,17 +56,6 @@ class ParityWorld:
     def decode(self, token_ids):
         return " ".join(map(str, token_ids))
 
-
-class RecordingLearner(Learner):
-    """A real learner that also keeps every batch it was given."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.batches = []
-
-    def update(self, batch):
-        self.batches.append(batch)
-        return super().update(batch)
 
 
 def make_learner(seed=0):

@@ -22,24 +22,14 @@ from models.testing import tiny_config
 from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
 from rl import advantages
-from rl.learner import Learner, LearnerConfig, OptimizerConfig
+from rl.learner import LearnerConfig, OptimizerConfig
 from rl.loop import LoopConfig, Rollout, TrainingLoop
 from rl.metrics import MetricsWriter
 from rollout.types import Completion, SamplingParams
+from tests.rl.helpers import RecordingLearner, SeededSampler
 
 DISCOUNT = 0.2
 
-
-class RecordingLearner(Learner):
-    """A real learner that also keeps every batch it was given."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.batches = []
-
-    def update(self, batch):
-        self.batches.append(batch)
-        return super().update(batch)
 
 
 def _learner(vocab_size: int = 256, **changes) -> RecordingLearner:
@@ -146,15 +136,6 @@ class ChainWorld:
     def decode(self, token_ids):
         return " ".join(map(str, token_ids))
 
-
-class SeededSampler:
-    def generate(self, prompt_ids, params, n):
-        rng = np.random.default_rng(params.seed)
-        return [
-            [Completion(tuple(p), tuple(int(t) for t in rng.integers(3, 256, 3)), (-1.0,) * 3, "length", 0)
-             for _ in range(n)]
-            for p in prompt_ids
-        ]
 
 
 def test_two_recursion_rounds_train_the_second_and_third_rounds_on_their_episodes_reward(tmp_path):

@@ -21,7 +21,8 @@ from rl.learner import Learner, LearnerConfig, OptimizerConfig, optimizer_steps_
 from rl.loop import LoopConfig, Rollout, TrainingLoop
 from rl.losses import LossConfig
 from rl.trajectories import build
-from rollout.types import Completion, SamplingParams
+from rollout.types import SamplingParams
+from tests.rl.helpers import RecordingLearner, SeededSampler
 
 CONFIG = ModelConfig.from_hf(tiny_config("llama", num_hidden_layers=1))
 # Padding changes the passes and devices the rows are summed over, so parameters agree to fp32 rounding, not bits.
@@ -164,26 +165,6 @@ class FollowUpsWhenEven:
         return " ".join(map(str, token_ids))
 
 
-class SeededSampler:
-    def generate(self, prompt_ids, params, n):
-        rng = np.random.default_rng(params.seed)
-        return [
-            [Completion(tuple(p), tuple(int(t) for t in rng.integers(3, 256, 3)), (-1.0,) * 3, "length", 0)
-             for _ in range(n)]
-            for p in prompt_ids
-        ]
-
-
-class RecordingLearner(Learner):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.updates = []
-
-    def update(self, batch):
-        metrics = super().update(batch)
-        self.updates.append((batch.batch_size, metrics))
-        return metrics
-
 
 def test_a_loop_whose_follow_up_rounds_vary_trains_every_iteration_with_any_batch_sizes():
     # 2 questions x 4 = 8 first rounds, then a row per valid one: 8 + F rows, F changing every iteration. Neither
@@ -197,11 +178,11 @@ def test_a_loop_whose_follow_up_rounds_vary_trains_every_iteration_with_any_batc
         weight_sync=lambda model, version: None, world=FollowUpsWhenEven(), pad_id=0,
     )
     history = loop.run()
-    rows = [size for size, _ in learner.updates]
+    rows = [batch.batch_size for batch in learner.batches]
     follow_ups = [int(h["recursion/round1_rows"]) for h in history]
     assert rows == [8 + f for f in follow_ups] and len(set(rows)) > 1, rows
     assert any(r % 3 for r in rows) and any(r % 2 for r in rows)
-    for size, metrics in learner.updates:
+    for size, metrics in zip(rows, learner.metrics):
         assert metrics["optimizer_steps"] == -(-size // 3)
     assert learner.optimizer_step == sum(-(-size // 3) for size in rows)
     assert sum(h["recursion/round1_trained_rows"] for h in history) > 0
