@@ -160,7 +160,7 @@ def learner_config(max_rows: int, max_completion_tokens: int) -> LearnerConfig:
     return LearnerConfig(
         loss=loss,
         optimizer=optimizer,
-        num_iterations=_PPO_EPOCHS.value,
+        ppo_epochs=_PPO_EPOCHS.value,
         mini_batch_size=_MINI_BATCH.value,
         micro_batch_size=_MICRO_BATCH.value,
         temperature=common.sampling_params().temperature,

@@ -1,6 +1,6 @@
 """The learner: a model, its optax optimizer and the jit-compiled GRPO update.
 
-`update(batch)` runs `num_iterations` passes over the batch in mini-batches of `mini_batch_size` sequences, one
+`update(batch)` runs `ppo_epochs` passes over the batch in mini-batches of `mini_batch_size` sequences, one
 optimizer step per mini-batch. Each mini-batch's gradient is accumulated over micro-batches of `micro_batch_size`
 sequences with `lax.scan`; because every loss is a sum of per-token terms with weights computed on the whole
 mini-batch (`rl.losses.aggregation_weights`), the accumulated gradient equals the full mini-batch gradient whatever
@@ -153,7 +153,7 @@ class LearnerConfig:
 
     loss: LossConfig = LossConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
-    num_iterations: int = 1
+    ppo_epochs: int = 1
     mini_batch_size: int | None = None
     micro_batch_size: int | None = None
     logprob_chunk_size: int = 256
@@ -173,8 +173,8 @@ class LearnerConfig:
                 "old_logprobs='sampler' makes the sampler the behaviour policy, so mismatch_correction "
                 f"{self.loss.mismatch_correction!r} would correct nothing; use old_logprobs='recompute'"
             )
-        if self.num_iterations < 1:
-            raise ValueError(f"LearnerConfig.num_iterations must be >= 1, got {self.num_iterations}")
+        if self.ppo_epochs < 1:
+            raise ValueError(f"LearnerConfig.ppo_epochs must be >= 1, got {self.ppo_epochs}")
         for name in ("mini_batch_size", "micro_batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -189,9 +189,9 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
 
 
-def optimizer_steps_per_update(rows: int, mini_batch_size: int | None, num_iterations: int) -> int:
+def optimizer_steps_per_update(rows: int, mini_batch_size: int | None, ppo_epochs: int) -> int:
     """Optimizer steps `Learner.update` takes on `rows` rows: one per mini-batch (the last may be shorter), per pass."""
-    return num_iterations * -(-rows // (mini_batch_size or rows))
+    return ppo_epochs * -(-rows // (mini_batch_size or rows))
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -486,14 +486,14 @@ class Learner:
         for index, step in enumerate(steps):
             if step is None:
                 continue
-            if self.config.old_logprobs == "recompute" and (index > 0 or self.config.num_iterations > 1):
+            if self.config.old_logprobs == "recompute" and (index > 0 or self.config.ppo_epochs > 1):
                 old_logprobs = self._logprobs(self.params, step.model_rows, step.batch.completion_start)
                 step.batch = step.batch.replace(old_logprobs=old_logprobs)
             if self.reference_params is not None:
                 step.ref_logprobs = self._logprobs(self.reference_params, step.model_rows, step.batch.completion_start)
         params, opt_state = self.params, self.opt_state
         step_metrics, learning_rates = [], []
-        for epoch in range(self.config.num_iterations):
+        for epoch in range(self.config.ppo_epochs):
             for index, step in enumerate(steps):
                 learning_rates.append(float(self._learning_rate(self.optimizer_step)))
                 # params and opt_state are donated: XLA updates their buffers in place.

@@ -32,7 +32,7 @@ def test_optimizer_flags_reach_the_learner_config():
     assert (optimizer.learning_rate, optimizer.schedule, optimizer.max_grad_norm) == (3e-4, "constant", 0.5)
     # 32 completions in mini-batches of 8, two passes, ten iterations: 80 optimizer steps, 8 of them warmup.
     assert (optimizer.total_steps, optimizer.warmup_steps) == (80, 8)
-    assert (config.mini_batch_size, config.num_iterations, config.loss.norm_length) == (8, 2, 64)
+    assert (config.mini_batch_size, config.ppo_epochs, config.loss.norm_length) == (8, 2, 64)
 
 
 def test_with_recursion_rounds_the_schedule_spans_the_largest_batch():

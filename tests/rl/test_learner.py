@@ -67,8 +67,8 @@ def test_logprobs_of_padded_rows_equal_unpadded_sequences():
         np.testing.assert_array_equal(got[row, :start], 0.0)
 
 
-@pytest.mark.parametrize("num_iterations, mini_batch_size", [(1, None), (2, 4)])
-def test_micro_batch_split_does_not_change_parameters(num_iterations, mini_batch_size):
+@pytest.mark.parametrize("ppo_epochs, mini_batch_size", [(1, None), (2, 4)])
+def test_micro_batch_split_does_not_change_parameters(ppo_epochs, mini_batch_size):
     rows = 8
     mini = mini_batch_size or rows
     batch = _random_batch(1, rows)
@@ -78,7 +78,7 @@ def test_micro_batch_split_does_not_change_parameters(num_iterations, mini_batch
         config = LearnerConfig(
             loss=loss,
             optimizer=SGDConfig(learning_rate=SGD_RATE, total_steps=10),
-            num_iterations=num_iterations,
+            ppo_epochs=ppo_epochs,
             mini_batch_size=mini_batch_size,
             micro_batch_size=mini // micro_batches,
         )
@@ -86,7 +86,7 @@ def test_micro_batch_split_does_not_change_parameters(num_iterations, mini_batch
         metrics = [learner.update(batch) for _ in range(2)]
         results.append((learner, metrics))
     reference, reference_metrics = results[0]
-    assert reference_metrics[1]["kl"] > 0 and reference_metrics[0]["optimizer_steps"] == num_iterations * rows // mini
+    assert reference_metrics[1]["kl"] > 0 and reference_metrics[0]["optimizer_steps"] == ppo_epochs * rows // mini
     for learner, metrics in results[1:]:
         assert_same_training_state(learner, reference)
         for key in ("loss", "kl", "entropy", "grad_norm", "mismatch/k3"):
@@ -111,7 +111,7 @@ def test_mini_batches_trimmed_to_their_own_length_give_the_same_update():
     assert trimmable.length == one_length.length == 32
     assert trimmable.rows(slice(4, 8)).trimmed().length == 16
     assert one_length.rows(slice(4, 8)).trimmed().length == 32  # one bucket: nothing to trim
-    config = LearnerConfig(optimizer=SGDConfig(learning_rate=SGD_RATE), num_iterations=2, mini_batch_size=4)
+    config = LearnerConfig(optimizer=SGDConfig(learning_rate=SGD_RATE), ppo_epochs=2, mini_batch_size=4)
     trimmed, padded = Learner(_model(), config), Learner(_model(), config)
     trimmed.update(trimmable)
     padded.update(one_length)
@@ -141,7 +141,7 @@ def test_prompts_shared_by_a_group_are_encoded_once_with_the_same_update(mini_ba
     results = []
     for share_prompts in (True, False):
         config = LearnerConfig(
-            loss=loss, optimizer=SGDConfig(learning_rate=SGD_RATE, total_steps=10), num_iterations=2,
+            loss=loss, optimizer=SGDConfig(learning_rate=SGD_RATE, total_steps=10), ppo_epochs=2,
             mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size, temperature=0.7,
             share_prompts=share_prompts,
         )
@@ -169,16 +169,16 @@ def _counting_logprob_passes(monkeypatch) -> list[int]:
     return passes
 
 
-@pytest.mark.parametrize("num_iterations, expected_passes", [(1, 3), (2, 4)])
-def test_only_steps_after_the_first_recompute_old_logprobs(monkeypatch, num_iterations, expected_passes):
+@pytest.mark.parametrize("ppo_epochs, expected_passes", [(1, 3), (2, 4)])
+def test_only_steps_after_the_first_recompute_old_logprobs(monkeypatch, ppo_epochs, expected_passes):
     passes = _counting_logprob_passes(monkeypatch)
     config = LearnerConfig(
-        optimizer=OptimizerConfig(learning_rate=1e-3), num_iterations=num_iterations, mini_batch_size=2
+        optimizer=OptimizerConfig(learning_rate=1e-3), ppo_epochs=ppo_epochs, mini_batch_size=2
     )
     metrics = Learner(_model(), config).update(_random_batch(4))
     # Four mini-batches: the first step's own forward pass is at the sampling weights; with a second pass over the
     # batch the first mini-batch needs its old log-probs again, after the weights moved.
-    assert len(passes) == expected_passes and metrics["optimizer_steps"] == 4 * num_iterations
+    assert len(passes) == expected_passes and metrics["optimizer_steps"] == 4 * ppo_epochs
 
 
 def test_sampler_old_logprobs_skip_the_recompute_and_make_the_sampler_the_behaviour_policy(monkeypatch):
@@ -225,7 +225,7 @@ SILENT_GROUPS = [[1, 1, 1, 1], [0, 1, 1, 0], [0, 0, 0, 0], [0, 0.5, 1, 0.5]]
 
 
 @pytest.mark.parametrize(
-    "policy_loss, aggregation, mini_batch_size, micro_batch_size, num_iterations, expected_skipped",
+    "policy_loss, aggregation, mini_batch_size, micro_batch_size, ppo_epochs, expected_skipped",
     [
         # One step: groups 2 and 4 run, 1 and 3 are skipped.
         ("ppo", "seq-mean-token-mean", None, None, 1, 0.5),
@@ -237,7 +237,7 @@ SILENT_GROUPS = [[1, 1, 1, 1], [0, 1, 1, 0], [0, 0, 0, 0], [0, 0.5, 1, 0.5]]
     ],
 )
 def test_rows_without_gradient_are_skipped_with_the_same_update(
-    policy_loss, aggregation, mini_batch_size, micro_batch_size, num_iterations, expected_skipped
+    policy_loss, aggregation, mini_batch_size, micro_batch_size, ppo_epochs, expected_skipped
 ):
     batch = _batch_with_silent_groups(SILENT_GROUPS)
     assert (np.abs(batch.advantages).sum(axis=1) == 0).tolist() == [True] * 4 + [False] * 4 + [True] * 4 + [
@@ -250,7 +250,7 @@ def test_rows_without_gradient_are_skipped_with_the_same_update(
             loss=LossConfig(policy_loss=policy_loss, aggregation=aggregation, **clips),
             # Momentum: a skipped mini-batch's step must still decay the optimizer's state and move the parameters.
             optimizer=SGDConfig(learning_rate=SGD_RATE, total_steps=20, momentum=0.9),
-            num_iterations=num_iterations, mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size,
+            ppo_epochs=ppo_epochs, mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size,
             temperature=0.7, skip_zero_gradient_rows=skip,
         )
         learner = Learner(_model(), config)
@@ -311,7 +311,7 @@ def _batch_with_repeated_completions(seed: int = 13):
     "policy_loss, aggregation, mini_batch_size, micro_batch_size, share_prompts, changes, expected_model_rows",
     [
         # A step per group: 1, 2, 4 and 4 rows run (3 distinct rows pad to 4); KL and recomputed old log-probs too.
-        ("ppo", "token-mean", 4, None, True, dict(num_iterations=2, kl_coef=0.05), 11 / 16),
+        ("ppo", "token-mean", 4, None, True, dict(ppo_epochs=2, kl_coef=0.05), 11 / 16),
         # Two groups per step, a pass per group: 2 + 2 rows, then 4 + 4.
         ("gspo", "seq-mean-token-sum", 8, 4, True, {}, 12 / 16),
         # Passes of two rows share a prompt pairwise: the first step's pairs are all twins.
@@ -331,7 +331,7 @@ def test_duplicate_rows_run_once_with_the_same_update(
         config = LearnerConfig(
             loss=LossConfig(policy_loss=policy_loss, aggregation=aggregation, **clips, **loss_changes),
             optimizer=SGDConfig(learning_rate=SGD_RATE, total_steps=20, momentum=0.9),
-            num_iterations=changes.get("num_iterations", 1), mini_batch_size=mini_batch_size,
+            ppo_epochs=changes.get("ppo_epochs", 1), mini_batch_size=mini_batch_size,
             micro_batch_size=micro_batch_size, temperature=0.7, share_prompts=share_prompts,
             old_logprobs=changes.get("old_logprobs", "recompute"), run_duplicates_once=run_once,
         )
@@ -396,7 +396,7 @@ def test_resumed_run_is_bit_identical(tmp_path):
     config = LearnerConfig(
         loss=LossConfig(kl_coef=0.05),
         optimizer=OptimizerConfig(learning_rate=1e-3, warmup_steps=2, total_steps=8),
-        num_iterations=2,
+        ppo_epochs=2,
         mini_batch_size=4,
     )
 
@@ -482,7 +482,7 @@ def test_toy_bandit_learns_the_rewarded_token(estimator):
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda: LearnerConfig(num_iterations=0), "num_iterations"),
+        (lambda: LearnerConfig(ppo_epochs=0), "ppo_epochs"),
         (lambda: LearnerConfig(mini_batch_size=6, micro_batch_size=4), "multiple"),
         (lambda: LearnerConfig(micro_batch_size=0), "micro_batch_size"),
         (lambda: LearnerConfig(temperature=0.0), "temperature"),

@@ -95,10 +95,10 @@ def test_optimizer_steps_per_update_count_a_shorter_last_mini_batch():
 )
 def test_rows_that_do_not_split_into_micro_batches_are_padded_with_the_same_update(changes):
     batch = _batch(rows=6, group_size=4)  # a group of 4 and one of 2
-    padded = Learner(_model(), _config(micro_batch_size=4, num_iterations=2, **changes))
+    padded = Learner(_model(), _config(micro_batch_size=4, ppo_epochs=2, **changes))
     padded_result = _train(padded, batch)
     assert padded_result[1][1]["padding_rows"] == pytest.approx(2 / 6)
-    reference = _train(Learner(_model(), _config(num_iterations=2, **changes)), batch)  # one pass of the 6 rows
+    reference = _train(Learner(_model(), _config(ppo_epochs=2, **changes)), batch)  # one pass of the 6 rows
     assert reference[1][1]["padding_rows"] == 0.0
     _assert_same_update(padded_result, reference)
     assert _moved(reference[0]) > 2 * LEARNING_RATE
