@@ -1,7 +1,7 @@
 """Flags and builders shared by the entry points (train, sft, eval, serve).
 
 Each `build_*` reads the flags of its group and returns the object the rest of the stack takes; `EnvWorld` binds an
-`env.gym_env.ConductorEnv` and the Conductor's tokenizer to the `rl.loop.World` protocol.
+`env.gym_env.ConductorEnv` and the Conductor's tokenizer to the `rl.loop.Environment` protocol.
 """
 
 from __future__ import annotations
@@ -350,7 +350,7 @@ def rollout_metrics(scored: Scored) -> dict[str, float]:
 
 
 class EnvWorld:
-    """`rl.loop.World` over a `ConductorEnv`: prompts through the Conductor's chat template, completions decoded
+    """`rl.loop.Environment` over a `ConductorEnv`: prompts through the Conductor's chat template, completions decoded
     from the generator's own token ids, scores from the env (which owns the reward)."""
 
     def __init__(self, env: ConductorEnv, tokenizer: Any):

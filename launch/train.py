@@ -211,7 +211,7 @@ def main(argv: list[str]) -> None:
         sampler=generator,
         sampling_params=sampling,
         weight_sync=weight_sync,
-        world=world,
+        environment=world,
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         writer=writer,
         checkpointer=checkpointer,

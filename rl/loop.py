@@ -1,10 +1,10 @@
 """The GRPO training loop: one iteration of docs/design.md section 2, repeated, resumable.
 
-    questions -> prompts -> generator samples G completions each -> the world scores them -> advantages per group
+    questions -> prompts -> generator samples G completions each -> the environment scores them -> advantages per group
     -> Trajectories from the generator's own token ids -> Learner.update -> weight sync (policy version + 1)
     -> metrics -> checkpoint
 
-`rl` imports only `models`, so the loop talks to the world and to the generator through the small protocols below;
+`rl` imports only `models`, so the loop talks to the environment and to the generator through the small protocols below;
 `launch/` binds them to `env` and `rollout`. A killed run resumes from its last checkpoint with the same data
 position, RNG key and policy version, and the metrics it had logged past that checkpoint are dropped (so nothing is
 duplicated when those iterations run again).
@@ -45,18 +45,18 @@ from rl.metrics import MetricsWriter
 
 log = logging.getLogger(__name__)
 
-# Per-rollout metrics the one-line progress report shows, when the world reports them.
+# Per-rollout metrics the one-line progress report shows, when the environment reports them.
 HEADLINE_METRICS = ("correct", "valid_format", "oracle_route", "steps", "worker_calls", "tokens", "cost_usd")
 
 
 @dataclasses.dataclass(frozen=True)
 class Rollout:
-    """One scored completion, as the world reports it.
+    """One scored completion, as the environment reports it.
 
-    `metrics` are per-rollout numbers averaged into `rollout/<name>` scalars (the world decides which: correct,
+    `metrics` are per-rollout numbers averaged into `rollout/<name>` scalars (the environment decides which: correct,
     valid_format, steps, worker_calls, tokens, cost_usd, ...). `workers` are the pool ids the workflow used.
-    `context` is what the world needs to run a recursion round on this rollout; `followup_prompt_ids` is that round's
-    Conductor prompt (None when the world has no further round for it).
+    `context` is what the environment needs to run a recursion round on this rollout; `followup_prompt_ids` is that
+    round's Conductor prompt (None when the environment has no further round for it).
     """
 
     reward: float
@@ -66,7 +66,7 @@ class Rollout:
     followup_prompt_ids: Sequence[int] | None = None
 
 
-class World(Protocol):
+class Environment(Protocol):
     """The environment as the loop sees it: questions by index, prompts as token ids, scored completions.
     `question_strata` (a label per question, e.g. its domain) is needed only by `LoopConfig.stratify_questions`."""
 
@@ -105,14 +105,14 @@ class LoopConfig:
     questions_per_step x group_size completions are sampled per iteration. `estimator` names an entry of
     `rl.advantages.ESTIMATORS`. With `dynamic_sampling`, groups whose rewards all agree carry no learning signal and
     are masked out of the loss, so they leave its denominators too (the learner does not run rows without loss
-    tokens, `LearnerConfig.skip_zero_gradient_rows`). With `recursion_rounds` N > 0, each completion the world
+    tokens, `LearnerConfig.skip_zero_gradient_rows`). With `recursion_rounds` N > 0, each completion the environment
     gives a follow-up prompt gets another Conductor round on its result, up to N more rounds: an episode is a
-    first-round completion and the rounds that follow it. The world's reward of an episode's last round is the
-    episode's (the world blends in the earlier rounds' rewards, discounted, so the reward is defined once, in
+    first-round completion and the rounds that follow it. The environment's reward of an episode's last round is the
+    episode's (the environment blends in the earlier rounds' rewards, discounted, so the reward is defined once, in
     `env.rewards`, and the env and the evaluation credit an episode the same), and every round of the episode trains
     on it. A round is grouped with the same round of its question's other episodes; one alone in its group takes its
     episode's first-round advantage (`rl.advantages.credit_lone_later_rounds`). With `stratify_questions`, each
-    iteration's questions take the world's `question_strata` labels (its task domains) in turn.
+    iteration's questions take the environment's `question_strata` labels (its task domains) in turn.
     """
 
     iterations: int
@@ -162,7 +162,7 @@ def question_order(
     each: no iteration's batch leaves a domain out or doubles one up.
     """
     if num_questions < 1:
-        raise ValueError("the world has no questions")
+        raise ValueError("the environment has no questions")
     if strata is None:
         pools = [list(range(num_questions))]
     else:
@@ -204,7 +204,7 @@ class TrainingLoop:
         sampler: Sampler,
         sampling_params: Any,
         weight_sync: WeightSync,
-        world: World,
+        environment: Environment,
         pad_id: int,
         writer: MetricsWriter | None = None,
         checkpointer: Checkpointer | None = None,
@@ -214,7 +214,7 @@ class TrainingLoop:
         self.sampler = sampler
         self.sampling_params = sampling_params
         self.weight_sync = weight_sync
-        self.world = world
+        self.environment = environment
         self.pad_id = pad_id
         self.writer = writer
         self.checkpointer = checkpointer
@@ -223,9 +223,9 @@ class TrainingLoop:
         self.policy_version = 0
         self.rng_key = jax.random.key(config.seed)
         self._next_sample_id = 0
-        self._strata = getattr(world, "question_strata", None) if config.stratify_questions else None
+        self._strata = getattr(environment, "question_strata", None) if config.stratify_questions else None
         if config.stratify_questions and self._strata is None:
-            raise ValueError("stratify_questions needs a world with question_strata (a label per question)")
+            raise ValueError("stratify_questions needs an environment with question_strata (a label per question)")
         if config.questions_per_step % jax.process_count():
             raise ValueError(
                 f"questions_per_step {config.questions_per_step} does not split over {jax.process_count()} processes: "
@@ -283,7 +283,8 @@ class TrainingLoop:
         row_questions = [q for q in questions for _ in range(n)]
         group_ids = [first_group + i for i in range(len(questions)) for _ in range(n)]
         row_contexts = None if contexts is None else [c for c in contexts for _ in range(n)]
-        rollouts = self.world.score(row_questions, [c.completion_ids for c in completions], row_contexts, sample_ids)
+        completion_ids = [c.completion_ids for c in completions]
+        rollouts = self.environment.score(row_questions, completion_ids, row_contexts, sample_ids)
         times["generate"] = times.get("generate", 0.0) + scored - started
         times["score"] = times.get("score", 0.0) + time.perf_counter() - scored
         return _Sampled(row_questions, group_ids, completions, rollouts)
@@ -294,14 +295,15 @@ class TrainingLoop:
         times: dict[str, float] = {}
         started = time.perf_counter()
 
-        questions = question_order(self.world.num_questions, config.seed, self.data_position,
+        questions = question_order(self.environment.num_questions, config.seed, self.data_position,
                                    config.questions_per_step, self._strata)
         share = config.questions_per_step // jax.process_count()
         first_group = jax.process_index() * share
         mine = questions[first_group : first_group + share]
         first_row = first_group * config.group_size
-        rounds = [self._sample([self.world.prompt_ids(q) for q in mine], mine, first_group, config.group_size, None,
-                               times, first_row=first_row, rows=config.questions_per_step * config.group_size)]
+        prompts = [self.environment.prompt_ids(q) for q in mine]
+        rounds = [self._sample(prompts, mine, first_group, config.group_size, None, times, first_row=first_row,
+                               rows=config.questions_per_step * config.group_size)]
         rounds[0].episodes = [first_row + i for i in range(len(rounds[0].completions))]
         for _ in range(config.recursion_rounds):
             if not self._recursion_round(rounds, times):
@@ -311,7 +313,8 @@ class TrainingLoop:
         rows = [(s, i) for s in rounds for i in range(len(s.completions))]
         completions = [s.completions[i] for s, i in rows]
         episodes = np.asarray([s.episodes[i] for s, i in rows])
-        # An episode's reward is its last round's (the world blends the earlier rounds' into it); rounds are in order.
+        # An episode's reward is its last round's (the environment blends the earlier rounds' into it); rounds are in
+        # order.
         episode_rewards = np.zeros(len(rounds[0].completions))
         for s, i in rows:
             episode_rewards[s.episodes[i]] = s.rollouts[i].reward
@@ -362,7 +365,7 @@ class TrainingLoop:
         return scalars
 
     def _recursion_round(self, rounds: list[_Sampled], times: dict[str, float]) -> bool:
-        """Samples the next round: one completion for each row of the last round that the world gave a follow-up
+        """Samples the next round: one completion for each row of the last round that the environment gave a follow-up
         prompt. False when there was none."""
         last = rounds[-1]
         follow = [i for i, r in enumerate(last.rollouts) if r.followup_prompt_ids is not None]
@@ -414,8 +417,8 @@ class TrainingLoop:
             values = [r.metrics[name] for r in first.rollouts if name in r.metrics]
             scalars[f"rollout/{name}"] = float(np.mean(values))
         if self.config.recursion_rounds:
-            # Round k's rows, those of them that train (loss tokens and a non-zero advantage), and the world's reward
-            # of that round.
+            # Round k's rows, those of them that train (loss tokens and a non-zero advantage), and the environment's
+            # reward of that round.
             end = 0
             for index in range(self.config.recursion_rounds + 1):
                 sampled = rounds[index] if index < len(rounds) else None
@@ -445,7 +448,7 @@ class TrainingLoop:
             return
         first = rounds[0]
         samples = "\n\n".join(
-            f"**reward {first.rollouts[i].reward:.2f}**\n\n```\n{self.world.decode(first.completions[i].completion_ids)}\n```"
+            f"**reward {first.rollouts[i].reward:.2f}**\n\n```\n{self.environment.decode(first.completions[i].completion_ids)}\n```"
             for i in range(min(self.config.samples_to_log, len(first.completions)))
         )
         workers = [w for r in first.rollouts for w in r.workers]

@@ -91,4 +91,4 @@ def test_a_multi_process_run_refuses_a_learner_off_the_mesh_and_questions_that_d
         Learner(model, LearnerConfig())
     with pytest.raises(ValueError, match="questions_per_step 4 does not split over 3 processes"):
         TrainingLoop(LoopConfig(iterations=1, questions_per_step=4), learner=None, sampler=None, sampling_params=None,
-                     weight_sync=None, world=None, pad_id=0)
+                     weight_sync=None, environment=None, pad_id=0)

@@ -74,7 +74,7 @@ def make_loop(world, *, iterations=2, learner=None, checkpointer=None, writer=No
         sampler=SeededSampler(),
         sampling_params=SamplingParams(max_new_tokens=3),
         weight_sync=lambda model, version: syncs.append(version),
-        world=world,
+        environment=world,
         pad_id=0,
         writer=writer,
         checkpointer=checkpointer,

@@ -175,7 +175,7 @@ def test_a_loop_whose_follow_up_rounds_vary_trains_every_iteration_with_any_batc
     loop = TrainingLoop(
         LoopConfig(iterations=4, questions_per_step=2, group_size=4, recursion_rounds=1, length_buckets=(16,)),
         learner=learner, sampler=SeededSampler(), sampling_params=SamplingParams(max_new_tokens=3),
-        weight_sync=lambda model, version: None, world=FollowUpsWhenEven(), pad_id=0,
+        weight_sync=lambda model, version: None, environment=FollowUpsWhenEven(), pad_id=0,
     )
     history = loop.run()
     rows = [batch.batch_size for batch in learner.batches]
