@@ -9,7 +9,7 @@ a few questions and reports the fraction of completions that parse as workflows.
 (`--sft_out`) that `--conductor` accepts. `launch.train --warm_start_steps=N` runs the same warm-start in-process.
 
 `--sft_domain_probe_weight` > 0 trains, beside the likelihood, a linear probe (discarded afterwards) that predicts
-the question's domain from the hidden state where the first worker id is chosen (see rl/sft.py): the student still
+the question's domain from the hidden state where the first worker id is chosen (see `rl.supervised`): the student still
 routes uniformly, but its decision state carries the domain, so RL can learn per-domain routing from there.
 
 Launched on several hosts as one job (`launch/distributed.py`), every process fits the same examples on one device
@@ -42,7 +42,7 @@ from launch import common, console, distributed
 from models import hf_io
 from rl.learner import OptimizerConfig
 from rl.loop import question_order
-from rl.sft import Example, SFTConfig, SupervisedTrainer
+from rl.supervised import Example, SFTConfig, SupervisedTrainer
 from rollout.types import SamplingParams
 
 _STEPS = flags.DEFINE_integer("sft_steps", 100, "Supervised steps.")
@@ -169,7 +169,7 @@ def world_examples(world: common.EnvWorld, count: int, rng: random.Random, probe
     Questions come from `rl.loop.question_order` (the task domains in turn with `--stratify_questions`, so a small
     task file is not drowned by a large one); each gets one random template, run once with every pool worker as its
     final (answering) step, so every route's grade on the question is seen (a full-information sample of the routing
-    decision). A weighted example counts as that many copies (rl/sft.py), so with grade weights and 0/1 grades this
+    decision). A weighted example counts as that many copies (rl.supervised), so with grade weights and 0/1 grades this
     keeps the right workflows (rejection sampling) and with `--expected_grades` it is reward-weighted regression:
     either way the student learns to route each question in proportion to each worker's chance of answering it, and
     greedy decoding picks the likeliest. A question's routes are consecutive examples, weight 0 included, so the

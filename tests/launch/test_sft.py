@@ -26,7 +26,7 @@ from models import ModelConfig, Transformer, zoo
 from models.testing import tiny_config
 from models.tokenizer import load_tokenizer
 from rl.loop import question_order
-from rl.sft import SFTConfig, SupervisedTrainer
+from rl.supervised import SFTConfig, SupervisedTrainer
 
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py

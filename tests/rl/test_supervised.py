@@ -8,7 +8,7 @@ from models.config import ModelConfig
 from models.testing import tiny_config
 from models.transformer import Transformer
 from rl.learner import OptimizerConfig
-from rl.sft import Example, SFTConfig, SupervisedTrainer, negative_log_likelihood, probe_cross_entropy
+from rl.supervised import Example, SFTConfig, SupervisedTrainer, negative_log_likelihood, probe_cross_entropy
 from tests.rl.helpers import SGDConfig, assert_same_sgd_state
 
 CONFIG = ModelConfig.from_hf(tiny_config("llama"))
