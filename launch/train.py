@@ -66,7 +66,15 @@ _DYNAMIC_SAMPLING = flags.DEFINE_boolean("dynamic_sampling", False, "Drop groups
 _QUESTIONS = flags.DEFINE_integer("questions_per_step", 4, "Questions per iteration.")
 _GROUP = flags.DEFINE_integer("group_size", 8, "Completions per question.")
 _ITERATIONS = flags.DEFINE_integer("iterations", 20, "Training iterations.")
-_PPO_EPOCHS = flags.DEFINE_integer("num_iterations", 1, "Passes over each batch (mu in GRPO).")
+_PPO_EPOCHS = flags.DEFINE_integer(
+    "ppo_epochs", 1, "Passes over each batch (mu in GRPO; --iterations counts the loop's iterations)."
+)
+# Kept only to stop an old flagfile: absl would suggest --iterations, which counts something else.
+flags.DEFINE_integer("num_iterations", None, "Renamed --ppo_epochs; setting it is an error.")
+flags.register_validator(
+    "num_iterations", lambda value: value is None,
+    "--num_iterations is now --ppo_epochs (passes over each batch); --iterations counts the training loop's iterations",
+)
 _MINI_BATCH = flags.DEFINE_integer("mini_batch_size", None, "Sequences per optimizer step (default: whole batch).")
 _MICRO_BATCH = flags.DEFINE_integer("micro_batch_size", None, "Sequences per forward/backward pass.")
 _OLD_LOGPROBS = flags.DEFINE_enum(

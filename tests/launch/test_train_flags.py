@@ -7,6 +7,7 @@ import os
 from unittest import mock
 
 import pytest
+from absl import flags
 from absl.testing import flagsaver
 
 from env.gym_env import ConductorEnv
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
 def test_optimizer_flags_reach_the_learner_config():
     with flagsaver.flagsaver(
         adam_b1=0.8, adam_b2=0.95, adam_eps=1e-5, weight_decay=0.01, lr=3e-4, lr_schedule="constant",
-        warmup_ratio=0.1, iterations=10, mini_batch_size=8, num_iterations=2, max_grad_norm=0.5,
+        warmup_ratio=0.1, iterations=10, mini_batch_size=8, ppo_epochs=2, max_grad_norm=0.5,
     ):
         config = train.learner_config(max_rows=32, max_completion_tokens=64)
     optimizer = config.optimizer
@@ -33,6 +34,12 @@ def test_optimizer_flags_reach_the_learner_config():
     # 32 completions in mini-batches of 8, two passes, ten iterations: 80 optimizer steps, 8 of them warmup.
     assert (optimizer.total_steps, optimizer.warmup_steps) == (80, 8)
     assert (config.mini_batch_size, config.ppo_epochs, config.loss.norm_length) == (8, 2, 64)
+
+
+def test_the_renamed_num_iterations_flag_is_refused_with_its_new_name():
+    # absl alone would answer "Unknown command line flag 'num_iterations'. Did you mean: iterations ?", the loop's.
+    with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match="now --ppo_epochs"):
+        flags.FLAGS(["train", "--num_iterations=2"])
 
 
 def test_with_recursion_rounds_the_schedule_spans_the_largest_batch():
