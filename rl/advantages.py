@@ -4,15 +4,19 @@ Every estimator maps one scalar reward per completion to one advantage per compl
 the same prompt share a group id. Each estimator is a plain numpy function registered in `ESTIMATORS`; adding one
 is one function and one registry line. `compute` is the single entry point the training loop uses.
 
-Estimators that need completion lengths declare a keyword-only `lengths` parameter; `compute` passes lengths only
-to those, and requires them unless the parameter defaults to None (the REINFORCE++ estimators need them only to
-whiten per token).
+An estimator's keyword-only parameters are its options (grpo's `std_scaling`, reinforce_pp's `whiten`): `compute`
+takes them as a mapping and checks each against the estimator's signature, its name and its annotation (a `Literal`
+lists the accepted values), so a hyperparameter is one keyword-only parameter with a default. `lengths` is not an
+option: an estimator that declares it is given the completion lengths, which are required unless the parameter
+defaults to None (the REINFORCE++ estimators need them only to whiten per token).
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Literal
+import types
+import typing
+from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
 
@@ -161,20 +165,86 @@ ESTIMATORS: dict[str, Estimator] = {
 }
 
 
+def accepted_options(name: str) -> dict[str, Any]:
+    """The options estimator `name` takes (its keyword-only parameters but `lengths`), each with its default."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}")
+    return {
+        parameter.name: parameter.default
+        for parameter in inspect.signature(ESTIMATORS[name]).parameters.values()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.name != "lengths"
+    }
+
+
+def _has_type(value: Any, annotation: Any) -> bool:
+    """Whether `value` fits an option's annotation: a Literal's values, bool, int, float (an int fits), str, None,
+    or a union of those."""
+    if typing.get_origin(annotation) is Literal:
+        return value in typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_has_type(value, member) for member in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation in (bool, str):
+        return isinstance(value, annotation)
+    raise TypeError(
+        f"an estimator option annotated {annotation!r} cannot be checked; use a Literal, bool, int, float, str or None"
+    )
+
+
+def check_options(name: str, options: Mapping[str, Any]) -> None:
+    """Raises ValueError unless every option is one estimator `name` takes, with a value its annotation accepts."""
+    accepted = accepted_options(name)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"advantage estimator {name!r} takes no option {', '.join(map(repr, unknown))}; it takes "
+            f"{sorted(accepted) or 'none'}"
+        )
+    hints = typing.get_type_hints(ESTIMATORS[name])
+    for option, value in options.items():
+        if not _has_type(value, hints[option]):
+            choices = typing.get_args(hints[option]) or getattr(hints[option], "__name__", hints[option])
+            raise ValueError(
+                f"advantage estimator {name!r}: option {option!r} must be {choices}, got {value!r}; it takes "
+                f"{sorted(accepted)}"
+            )
+
+
+def options_for(name: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Of `values` (every estimator option a caller can set, e.g. from flags), those estimator `name` takes.
+
+    A key that no registered estimator takes is a ValueError: a misspelt option would otherwise be dropped silently.
+    """
+    everyone = {option for estimator in ESTIMATORS for option in accepted_options(estimator)}
+    unknown = sorted(set(values) - everyone)
+    if unknown:
+        raise ValueError(
+            f"no advantage estimator takes option {', '.join(map(repr, unknown))}; they take {sorted(everyone)}"
+        )
+    accepted = accepted_options(name)
+    return {option: value for option, value in values.items() if option in accepted}
+
+
 def compute(
     name: str,
     rewards,
     group_ids,
     *,
     lengths=None,
-    **options,
+    options: Mapping[str, Any] | None = None,
 ) -> np.ndarray:
     """Advantages[N] (float32) of estimator `name` for rewards[N] grouped by group_ids[N].
 
-    `options` are the estimator's own keyword arguments (for example `std_scaling="batch"` for grpo).
+    `options` are the estimator's own keyword arguments (for example `{"std_scaling": "batch"}` for grpo), checked
+    by `check_options`.
     """
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}")
+    options = dict(options or {})
+    check_options(name, options)
     rewards = np.asarray(rewards, dtype=np.float64)
     group_ids = np.asarray(group_ids)
     if rewards.ndim != 1 or rewards.size == 0:

@@ -103,9 +103,10 @@ class LoopConfig:
     """What one run of the loop does.
 
     questions_per_step x group_size completions are sampled per iteration. `estimator` names an entry of
-    `rl.advantages.ESTIMATORS`. With `dynamic_sampling`, groups whose rewards all agree carry no learning signal and
-    are masked out of the loss, so they leave its denominators too (the learner does not run rows without loss
-    tokens, `LearnerConfig.skip_zero_gradient_rows`). With `recursion_rounds` N > 0, each completion the environment
+    `rl.advantages.ESTIMATORS`, and `estimator_options` are its options (`rl.advantages.check_options`). With
+    `dynamic_sampling`, groups whose rewards all agree carry no learning signal and are masked out of the loss, so
+    they leave its denominators too (the learner does not run rows without loss tokens,
+    `LearnerConfig.skip_zero_gradient_rows`). With `recursion_rounds` N > 0, each completion the environment
     gives a follow-up prompt gets another Conductor round on its result, up to N more rounds: an episode is a
     first-round completion and the rounds that follow it. The environment's reward of an episode's last round is the
     episode's (the environment blends in the earlier rounds' rewards, discounted, so the reward is defined once, in
@@ -140,6 +141,7 @@ class LoopConfig:
             raise ValueError(
                 f"unknown estimator {self.estimator!r}; choose one of {sorted(advantage_estimators.ESTIMATORS)}"
             )
+        advantage_estimators.check_options(self.estimator, self.estimator_options)
         if self.checkpoint_every < 0:
             raise ValueError(f"LoopConfig.checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}")
         if self.recursion_rounds < 0:
@@ -322,7 +324,7 @@ class TrainingLoop:
         group_ids = np.asarray([s.group_ids[i] for s, i in rows], dtype=np.int32)
         lengths = np.asarray([len(c.completion_ids) for c in completions], dtype=np.float32)
         advantages = advantage_estimators.compute(
-            config.estimator, rewards_array, group_ids, lengths=lengths, **dict(config.estimator_options)
+            config.estimator, rewards_array, group_ids, lengths=lengths, options=config.estimator_options
         )
         advantages = advantage_estimators.credit_lone_later_rounds(advantages, group_ids, episodes)
         keep, dropped_groups = np.ones(len(rows), dtype=bool), 0

@@ -38,9 +38,9 @@ def test_grpo_batch_and_no_scaling():
     centred = np.zeros_like(rewards)
     for idx in _members(group_ids):
         centred[idx] = rewards[idx] - rewards[idx].mean()
-    batch = advantages.compute("grpo", rewards, group_ids, std_scaling="batch")
+    batch = advantages.compute("grpo", rewards, group_ids, options={"std_scaling": "batch"})
     np.testing.assert_allclose(batch, centred / (np.std(rewards, ddof=1) + 1e-4), rtol=1e-5, atol=1e-6)
-    unscaled = advantages.compute("grpo", rewards, group_ids, std_scaling="none")
+    unscaled = advantages.compute("grpo", rewards, group_ids, options={"std_scaling": "none"})
     np.testing.assert_allclose(unscaled, centred, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(advantages.compute("dr_grpo", rewards, group_ids), centred, rtol=1e-5, atol=1e-6)
 
@@ -117,7 +117,7 @@ def test_reinforce_pp_token_whitening_matches_verl(name):
         expected = _verl_reinforce_pp_baseline(rewards, group_ids, mask)
     got = advantages.compute(name, rewards, group_ids, lengths=lengths)  # per token is the default
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-    assert np.abs(got - advantages.compute(name, rewards, group_ids, whiten="sequence")).max() > 0.05
+    assert np.abs(got - advantages.compute(name, rewards, group_ids, options={"whiten": "sequence"})).max() > 0.05
 
 
 @pytest.mark.parametrize("name", ["reinforce_pp", "reinforce_pp_baseline"])
@@ -128,7 +128,7 @@ def test_reinforce_pp_sequence_whitening_matches_verl_with_one_token_per_complet
         expected = _verl_reinforce_pp(rewards, mask)
     else:
         expected = _verl_reinforce_pp_baseline(rewards, group_ids, mask)
-    got = advantages.compute(name, rewards, group_ids, lengths=lengths, whiten="sequence")
+    got = advantages.compute(name, rewards, group_ids, lengths=lengths, options={"whiten": "sequence"})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -137,7 +137,7 @@ def test_token_whitening_weighs_long_completions_more():
     got = advantages.compute("reinforce_pp", [1.0, 0.0], [0, 0], lengths=[3, 1])
     np.testing.assert_allclose(got, [0.5, -1.5], rtol=1e-6)
     # one value per completion: mean 1/2, variance 1/2
-    got = advantages.compute("reinforce_pp", [1.0, 0.0], [0, 0], whiten="sequence")
+    got = advantages.compute("reinforce_pp", [1.0, 0.0], [0, 0], options={"whiten": "sequence"})
     np.testing.assert_allclose(got, [np.sqrt(0.5), -np.sqrt(0.5)], rtol=1e-6)
 
 
@@ -186,11 +186,11 @@ def test_binary_rewards_in_one_group_give_opposite_signs():
         (lambda: advantages.compute("grpo", [np.nan, 1.0], [0, 0]), "finite"),
         (lambda: advantages.compute("opo", [1.0, 0.0], [0, 0]), "needs completion lengths"),
         (lambda: advantages.compute("opo", [1.0, 0.0], [0, 0], lengths=[3]), "lengths shape"),
-        (lambda: advantages.compute("grpo", [1.0, 0.0], [0, 0], std_scaling="rows"), "std_scaling"),
+        (lambda: advantages.compute("grpo", [1.0, 0.0], [0, 0], options={"std_scaling": "rows"}), "std_scaling"),
         (lambda: advantages.compute("reinforce_pp", [1.0, 0.0], [0, 0]), "needs completion lengths"),
         (lambda: advantages.compute("reinforce_pp", [1.0, 0.0], [0, 0], lengths=[2, -1]), "non-negative"),
         (lambda: advantages.compute("reinforce_pp", [1.0, 0.0], [0, 0], lengths=[0, 0]), "positive total"),
-        (lambda: advantages.compute("reinforce_pp_baseline", [1.0, 0.0], [0, 0], whiten="rows"), "whiten"),
+        (lambda: advantages.compute("reinforce_pp_baseline", [1.0, 0.0], [0, 0], options={"whiten": "rows"}), "whiten"),
     ],
 )
 def test_bad_input_is_rejected(call, message):
@@ -206,3 +206,56 @@ def test_zero_variance_groups_drops_constant_groups():
     assert dropped == 3  # groups 0 and 2 are constant; the singleton group 3 has no variance either
     with pytest.raises(ValueError):
         advantages.zero_variance_groups(rewards, group_ids[:-1])
+
+
+def test_an_option_reaches_the_estimator_that_declares_it(monkeypatch):
+    def scaled(rewards, group_ids, *, scale: float = 1.0):
+        return rewards * scale
+
+    monkeypatch.setitem(advantages.ESTIMATORS, "scaled", scaled)
+    assert advantages.accepted_options("scaled") == {"scale": 1.0}
+    np.testing.assert_array_equal(advantages.compute("scaled", [1.0, -2.0], [0, 0]), [1.0, -2.0])
+    np.testing.assert_array_equal(advantages.compute("scaled", [1.0, -2.0], [0, 0], options={"scale": 3}), [3.0, -6.0])
+    with pytest.raises(ValueError, match=r"'scaled': option 'scale' must be float, got '3'"):
+        advantages.compute("scaled", [1.0, -2.0], [0, 0], options={"scale": "3"})
+
+
+def test_the_registered_estimators_declare_their_options_and_lengths_is_not_one():
+    assert advantages.accepted_options("grpo") == {"std_scaling": "group", "eps": 1e-4}
+    assert advantages.accepted_options("reinforce_pp") == {"whiten": "token", "eps": 1e-8}
+    assert advantages.accepted_options("opo") == {} and advantages.accepted_options("dr_grpo") == {}
+
+
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("dr_grpo", {"std_scaling": "none"}, r"estimator 'dr_grpo' takes no option 'std_scaling'; it takes none"),
+        ("grpo", {"whiten": "token"}, r"estimator 'grpo' takes no option 'whiten'; it takes \['eps', 'std_scaling'\]"),
+        ("grpo", {"eps": True}, r"'grpo': option 'eps' must be float, got True"),
+        ("grpo", {"std_scaling": "rows"}, r"'grpo': option 'std_scaling' must be \('group', 'batch', 'none'\)"),
+        ("opo", {"lengths": [1.0, 2.0]}, r"'opo' takes no option 'lengths'"),
+    ],
+)
+def test_an_option_the_estimator_does_not_declare_or_of_the_wrong_type_is_rejected(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        advantages.compute(name, [1.0, 0.0], [0, 0], lengths=[1.0, 2.0], options=options)
+    with pytest.raises(ValueError, match=message):
+        advantages.check_options(name, options)
+
+
+def test_an_option_of_an_uncheckable_type_is_a_type_error(monkeypatch):
+    def listed(rewards, group_ids, *, weights: list | None = None):
+        return rewards
+
+    monkeypatch.setitem(advantages.ESTIMATORS, "listed", listed)
+    with pytest.raises(TypeError, match="cannot be checked"):
+        advantages.compute("listed", [1.0, 0.0], [0, 0], options={"weights": [1.0]})
+
+
+def test_options_for_picks_the_estimators_own_options_and_rejects_a_misspelt_one():
+    every_flag = {"std_scaling": "batch", "whiten": "sequence"}
+    assert advantages.options_for("grpo", every_flag) == {"std_scaling": "batch"}
+    assert advantages.options_for("reinforce_pp_baseline", every_flag) == {"whiten": "sequence"}
+    assert advantages.options_for("rloo", every_flag) == {}
+    with pytest.raises(ValueError, match=r"no advantage estimator takes option 'std_scale'"):
+        advantages.options_for("grpo", {"std_scale": "batch"})

@@ -204,3 +204,20 @@ def test_bad_loop_configs_are_rejected():
         LoopConfig(iterations=1, group_size=1)
     with pytest.raises(ValueError, match="iterations"):
         LoopConfig(iterations=0)
+
+
+def test_the_estimators_options_reach_it_through_the_loop():
+    loop, _ = make_loop(ParityWorld(), iterations=1, estimator="grpo", estimator_options={"std_scaling": "none"})
+    loop.run()
+    batch = loop.learner.batches[0]
+    rewards = (first_completion_tokens(batch) % 2 == 0).astype(float)
+    groups = np.asarray(batch.group_ids)
+    centred = rewards - np.array([rewards[groups == group].mean() for group in groups])
+    assert np.abs(centred).max() > 0, "a group with mixed rewards, where scaling by the std would change the values"
+    row_advantages = np.asarray(batch.advantages).max(axis=1, where=np.asarray(batch.loss_mask), initial=-np.inf)
+    np.testing.assert_allclose(row_advantages, centred, atol=1e-6)
+
+
+def test_a_loop_config_rejects_an_option_its_estimator_does_not_take():
+    with pytest.raises(ValueError, match="estimator 'dr_grpo' takes no option 'std_scaling'"):
+        LoopConfig(iterations=1, estimator="dr_grpo", estimator_options={"std_scaling": "none"})
