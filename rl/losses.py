@@ -9,23 +9,23 @@ where `aggregation_weights` computes the weights from the loss mask *of the whol
 sequence counts). Splitting a mini-batch into micro-batches and summing their losses is then exact: each micro-batch
 contributes its own per-token terms with the global weights.
 
-Helpers come first; `grpo_loss` at the bottom composes the whole objective on one screen.
+Policy losses are registered by name in `POLICY_LOSSES`, each one function with its formula in its docstring:
+adding one is one function and one registry line. Helpers come first; `grpo_loss` at the bottom composes the whole
+objective on one screen.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, get_args
+from typing import Callable, Literal, get_args
 
 import jax
 import jax.numpy as jnp
 
-PolicyLoss = Literal["ppo", "gspo", "cispo"]
 Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k2", "k3", "k1+", "k2+", "k3+"]
 MismatchCorrection = Literal["none", "tis-token", "tis-seq", "mask-token", "mask-seq"]
 
-_POLICY_LOSSES = get_args(PolicyLoss)
 _AGGREGATIONS = get_args(Aggregation)
 _KL_ESTIMATORS = get_args(KLEstimator)
 _MISMATCH_CORRECTIONS = get_args(MismatchCorrection)
@@ -35,9 +35,8 @@ _MISMATCH_CORRECTIONS = get_args(MismatchCorrection)
 class LossConfig:
     """Every choice in the objective.
 
-    policy_loss: "ppo" (token ratio, clipped), "gspo" (sequence ratio = exp of the mean token log-ratio, clipped;
-        Zheng et al. 2025) or "cispo" (REINFORCE on log-probs weighted by the clipped, stop-gradient ratio;
-        MiniMax-M1 2025).
+    policy_loss: a name in `POLICY_LOSSES`: "ppo" (token ratio, clipped), "gspo" (sequence ratio, clipped) or
+        "cispo" (REINFORCE weighted by the clipped, stop-gradient ratio); each formula is in its function.
     clip_low, clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high]; clip_high > clip_low is DAPO's
         clip-higher. For "gspo" use the paper's small values (about 3e-4, 4e-4).
     dual_clip: None, or c > 1: for negative advantages the PPO loss is capped at -c * A (Ye et al. 2020).
@@ -58,7 +57,7 @@ class LossConfig:
         with w_t outside [1/cap, cap], "mask-seq" drops sequences whose geometric-mean w is outside [1/cap, cap].
     """
 
-    policy_loss: PolicyLoss = "ppo"
+    policy_loss: str = "ppo"
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
@@ -75,7 +74,7 @@ class LossConfig:
             if getattr(self, name) not in choices:
                 raise ValueError(f"LossConfig.{name} must be one of {choices}, got {getattr(self, name)!r}")
 
-        check_choice("policy_loss", _POLICY_LOSSES)
+        check_choice("policy_loss", tuple(POLICY_LOSSES))
         check_choice("aggregation", _AGGREGATIONS)
         check_choice("kl_estimator", _KL_ESTIMATORS)
         check_choice("mismatch_correction", _MISMATCH_CORRECTIONS)
@@ -131,25 +130,23 @@ def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: KLEstima
     return value
 
 
-def policy_gradient_terms(
-    logprobs: jax.Array,
-    old_logprobs: jax.Array,
-    advantages: jax.Array,
-    loss_mask: jax.Array,
-    config: LossConfig,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Per-token policy loss [B, T] and boolean per-token clip indicators for metrics."""
+# -- policy losses: (logprobs, old_logprobs, advantages, loss_mask, config) -> (per-token loss [B, T], clip
+# indicators {metric name: bool [B, T]}). Every one is a multiple of the advantage, token by token, so a row whose
+# advantage is 0 adds nothing to the gradient (what `LearnerConfig.skip_zero_gradient_rows` relies on;
+# tests/rl/test_losses.py checks every registered loss). r_t = pi(y_t) / pi_old(y_t), A the row's advantage.
+
+PolicyLossFunction = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def _token_log_ratio(logprobs: jax.Array, old_logprobs: jax.Array, loss_mask: jax.Array) -> jax.Array:
     # Masked positions may hold arbitrary log-probs; zero their log-ratio so exp() cannot overflow into NaN.
-    log_ratio = jnp.where(loss_mask, logprobs - old_logprobs, 0.0)
-    if config.policy_loss == "gspo":
-        sequence_log_ratio = masked_sequence_mean(log_ratio, loss_mask)
-        log_ratio = jnp.broadcast_to(sequence_log_ratio, log_ratio.shape)
+    return jnp.where(loss_mask, logprobs - old_logprobs, 0.0)
+
+
+def _clipped_surrogate(log_ratio: jax.Array, advantages: jax.Array, config: LossConfig):
+    """PPO's clipped objective on the ratio exp(log_ratio), with its clip indicators and the dual clip."""
     ratio = jnp.exp(log_ratio)
     clipped_ratio = jnp.clip(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high)
-    if config.policy_loss == "cispo":
-        # CISPO keeps every token's gradient; the clipped ratio is only a weight.
-        loss = -jax.lax.stop_gradient(clipped_ratio) * advantages * logprobs
-        return loss, {"clip/high": ratio > 1.0 + config.clip_high, "clip/low": ratio < 1.0 - config.clip_low}
     loss = jnp.maximum(-advantages * ratio, -advantages * clipped_ratio)
     clips = {
         "clip/high": (ratio > 1.0 + config.clip_high) & (advantages > 0),
@@ -160,6 +157,49 @@ def policy_gradient_terms(
         clips["clip/dual"] = (advantages < 0) & (loss > dual_bound)
         loss = jnp.where(advantages < 0, jnp.minimum(loss, dual_bound), loss)
     return loss, clips
+
+
+def ppo_loss(logprobs, old_logprobs, advantages, loss_mask, config: LossConfig):
+    """PPO's clipped surrogate per token (Schulman et al. 2017):
+
+        loss_t = max(-A r_t, -A clip(r_t, 1 - clip_low, 1 + clip_high))
+
+    clip_high > clip_low is DAPO's clip-higher. With `dual_clip` c, a negative advantage's loss is capped:
+    loss_t = min(loss_t, -c A) for A < 0 (Ye et al. 2020).
+    """
+    return _clipped_surrogate(_token_log_ratio(logprobs, old_logprobs, loss_mask), advantages, config)
+
+
+def gspo_loss(logprobs, old_logprobs, advantages, loss_mask, config: LossConfig):
+    """GSPO (Zheng et al. 2025): PPO's clipped surrogate on the sequence ratio s = exp(mean_t log r_t), shared by
+    every token of the sequence:
+
+        loss_t = max(-A s, -A clip(s, 1 - clip_low, 1 + clip_high))
+
+    Use the paper's small clip ranges (about 3e-4, 4e-4).
+    """
+    log_ratio = masked_sequence_mean(_token_log_ratio(logprobs, old_logprobs, loss_mask), loss_mask)
+    return _clipped_surrogate(jnp.broadcast_to(log_ratio, logprobs.shape), advantages, config)
+
+
+def cispo_loss(logprobs, old_logprobs, advantages, loss_mask, config: LossConfig):
+    """CISPO (MiniMax-M1 2025): REINFORCE on the log-probs, each token weighted by its clipped ratio:
+
+        loss_t = -sg(clip(r_t, 1 - clip_low, 1 + clip_high)) A log pi(y_t)
+
+    sg is stop-gradient: the clipped ratio is only a weight, so every token keeps its gradient.
+    """
+    ratio = jnp.exp(_token_log_ratio(logprobs, old_logprobs, loss_mask))
+    clipped_ratio = jnp.clip(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high)
+    loss = -jax.lax.stop_gradient(clipped_ratio) * advantages * logprobs
+    return loss, {"clip/high": ratio > 1.0 + config.clip_high, "clip/low": ratio < 1.0 - config.clip_low}
+
+
+POLICY_LOSSES: dict[str, PolicyLossFunction] = {
+    "ppo": ppo_loss,
+    "gspo": gspo_loss,
+    "cispo": cispo_loss,
+}
 
 
 def mismatch_weights(
@@ -209,7 +249,7 @@ def grpo_loss(
     )
     if ref_logprobs is not None:
         ref_logprobs = jnp.where(loss_mask, ref_logprobs, 0.0)
-    policy, clips = policy_gradient_terms(logprobs, old_logprobs, advantages, loss_mask, config)
+    policy, clips = POLICY_LOSSES[config.policy_loss](logprobs, old_logprobs, advantages, loss_mask, config)
     correction = mismatch_weights(old_logprobs, sampler_logprobs, loss_mask, config)
     per_token = correction * policy
     parts = {"loss/policy": jnp.sum(token_weights * per_token)}

@@ -1,13 +1,16 @@
 """The GRPO objective against a plain numpy implementation that loops over sequences and tokens."""
 
 import dataclasses
+import itertools
+from typing import get_args
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.losses import LossConfig, aggregation_weights, grpo_loss, kl_penalty, mismatch_weights
+from rl import losses
+from rl.losses import Aggregation, LossConfig, aggregation_weights, grpo_loss, kl_penalty, mismatch_weights
 
 BATCH, TIME = 6, 9
 
@@ -232,3 +235,40 @@ def test_clip_fraction_metrics_count_clipped_tokens():
 def test_bad_config_is_rejected(changes, message):
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(LossConfig(), **changes)
+
+
+ZERO_ADVANTAGE_ROW = 1  # four loss tokens
+
+
+def assert_a_zero_advantage_row_has_no_gradient(config: LossConfig) -> None:
+    """The gradient of the objective (no KL or entropy term) with respect to the log-probs is exactly 0 on a row whose
+    advantage is 0, and not 0 on each other row with loss tokens."""
+    data = _inputs(5)
+    data["advantages"] = data["advantages"].copy()
+    data["advantages"][ZERO_ADVANTAGE_ROW] = 0.0
+    grad = np.asarray(jax.grad(lambda lp: _jax_objective(config, dict(data, logprobs=lp))[0])(
+        jnp.asarray(data["logprobs"])))
+    assert np.all(grad[ZERO_ADVANTAGE_ROW] == 0.0), f"{config.policy_loss}: a zero-advantage row has a gradient"
+    for row in np.flatnonzero(data["loss_mask"].any(axis=1)):
+        if row != ZERO_ADVANTAGE_ROW:
+            assert np.any(grad[row] != 0.0), f"{config.policy_loss}: row {row} has no gradient"
+
+
+@pytest.mark.parametrize(
+    "policy_loss, aggregation", itertools.product(sorted(losses.POLICY_LOSSES), get_args(Aggregation))
+)
+def test_every_policy_loss_gives_a_zero_advantage_row_no_gradient(policy_loss, aggregation):
+    # What `LearnerConfig.skip_zero_gradient_rows` relies on to skip such rows without changing the update.
+    assert_a_zero_advantage_row_has_no_gradient(
+        LossConfig(policy_loss=policy_loss, aggregation=aggregation, norm_length=TIME)
+    )
+
+
+def test_the_zero_advantage_check_fails_for_a_loss_with_a_term_not_proportional_to_the_advantage(monkeypatch):
+    def ppo_with_a_length_penalty(logprobs, old_logprobs, advantages, loss_mask, config):
+        loss, clips = losses.ppo_loss(logprobs, old_logprobs, advantages, loss_mask, config)
+        return loss + 0.01 * logprobs, clips
+
+    monkeypatch.setitem(losses.POLICY_LOSSES, "ppo-length-penalty", ppo_with_a_length_penalty)
+    with pytest.raises(AssertionError, match="a zero-advantage row has a gradient"):
+        assert_a_zero_advantage_row_has_no_gradient(LossConfig(policy_loss="ppo-length-penalty"))
