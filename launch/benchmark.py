@@ -15,6 +15,7 @@ from launch.host_memory import retain_freed_memory
 retain_freed_memory(restart=__name__ == "__main__")
 
 import importlib
+import inspect
 
 from absl import app, flags
 
@@ -24,6 +25,9 @@ from launch.benchmarks.common import emit
 SUITES = ("forward", "learner", "rollout", "sync", "env", "e2e", "gpu")
 
 _SUITE = flags.DEFINE_enum("suite", None, SUITES, "Which benchmark suite to run.")
+_PROFILE_DIR = flags.DEFINE_string(
+    "profile_dir", None, "Where a suite that profiles (gpu) writes its jax.profiler trace; default a temporary one."
+)
 
 
 def main(argv: list[str]) -> None:
@@ -31,7 +35,10 @@ def main(argv: list[str]) -> None:
     console.configure()
     distributed.initialize()
     module = importlib.import_module(f"launch.benchmarks.{_SUITE.value}")
-    report = module.run()
+    profiles = "profile_dir" in inspect.signature(module.run).parameters
+    if _PROFILE_DIR.value and not profiles:
+        raise app.UsageError(f"--profile_dir: the {_SUITE.value} suite does not profile")
+    report = module.run(profile_dir=_PROFILE_DIR.value) if profiles else module.run()
     if distributed.is_main_process():
         emit(report)
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 FAMILIES = ("llama", "qwen2", "qwen3")
+ATTENTION_IMPLEMENTATIONS = ("einsum", "cudnn")
 
 _SUPPORTED_ROPE_TYPES = (None, "default")
 _SUPPORTED_ACTIVATIONS = ("silu",)
@@ -34,7 +35,9 @@ class ModelConfig:
     `attention_bias` adds biases to the q/k/v projections (Qwen2); `qk_norm` applies a per-head RMSNorm to
     queries and keys before RoPE (Qwen3). `param_dtype` is the storage dtype of the weights, `dtype` the dtype
     matmuls run in; norms, RoPE and softmax always run in float32. `remat` rematerialises each layer in the
-    backward pass, trading compute for activation memory.
+    backward pass, trading compute for activation memory. `attention_implementation` is "einsum" (scores as
+    explicit matmuls and a float32 softmax; every backend) or "cudnn" (cuDNN's fused attention on NVIDIA GPUs, for
+    calls without a prefix cache; calls with one keep the einsum path).
     """
 
     family: str
@@ -54,6 +57,7 @@ class ModelConfig:
     param_dtype: Any = "float32"
     dtype: Any = "float32"
     remat: bool = False
+    attention_implementation: str = "einsum"
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -74,6 +78,11 @@ class ModelConfig:
             raise ValueError(f"qk_norm must be {self.family == 'qwen3'} for family {self.family!r}")
         if self.family == "qwen2" and not self.attention_bias:
             raise ValueError("qwen2 always has q/k/v biases; attention_bias must be True")
+        if self.attention_implementation not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(
+                f"attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, "
+                f"got {self.attention_implementation!r}"
+            )
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
         if not self.rms_norm_eps > 0:

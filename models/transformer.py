@@ -58,6 +58,17 @@ def attention_mask_4d(attention_mask: jax.Array) -> jax.Array:
     return causal[None, None, None, :, :] & attention_mask[:, None, None, None, :]
 
 
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, implementation: str) -> jax.Array:
+    """`jax.nn.dot_product_attention` over `q [B, T, heads, D]`, `k`, `v [B, T, kv_heads, D]` and the `[B, 1, 1, T, T]`
+    mask of `attention_mask_4d`; returns `[B, T, heads, D]`.
+
+    The mask already holds causality; `is_causal` also tells a fused kernel, which then skips the blocks above the
+    diagonal instead of reading a bias there. Fully masked rows (left-padding queries) get the kernel's large finite
+    fill, so they stay finite, as in the einsum path; their outputs are never read by a real token.
+    """
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, 0], is_causal=True, implementation=implementation)
+
+
 class PrefixCache(NamedTuple):
     """Keys and values (RoPE applied) of a prefix, per layer `[B, S, kv_heads, head_dim]`, and its real tokens
     `[B, S]`. A later call attends to it as to earlier columns of the same rows, and gradients flow back into it."""
@@ -105,6 +116,10 @@ class Attention(nnx.Module):
         own_kv = (k, v)
         if prefix is not None:
             k, v = jnp.concatenate([prefix[0], k], axis=1), jnp.concatenate([prefix[1], v], axis=1)
+
+        if config.attention_implementation == "cudnn" and prefix is None:
+            out = fused_attention(q, k, v, mask, implementation="cudnn")
+            return self.o_proj(out.reshape(batch * length, config.num_heads * config.head_dim)), own_kv
 
         # Query heads are grouped under the key/value head they share, and each key/value head's G x T queries form
         # the rows of one [B, K] batch of matmuls: q [B, K, G * T, D] against k [B, K, S, D]. Written as one einsum

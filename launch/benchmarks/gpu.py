@@ -72,6 +72,16 @@ from rl.metrics import first_and_last_fifth, read_metrics
 from rollout.torch_generator import TorchGenerator
 
 PARTS = ("quickstart", "learner", "sync")
+# Measured only when asked for (`run(parts=...)`): the learner update under the settings a user can change that move
+# its MFU, each a fresh compile of the 1.5B update (about a minute or more), so beyond the suite's 8 minutes.
+OPTIONAL_PARTS = ("learner_options",)
+LEARNER_OPTIONS = (
+    {"attention_implementation": "cudnn"},
+    {"micro_batch": 8},
+    {"attention_implementation": "cudnn", "micro_batch": 8},
+)
+# A learner option starts only when at least this much of the options' time box is left.
+LEARNER_OPTION_S = 100
 QUICKSTART_CONFIG = "launch/configs/quickstart.cfg"
 # The whole suite's goal; the quickstart's box leaves the learner and sync parts (1-2 min together) inside it.
 GOAL_SUITE_SECONDS = 480
@@ -160,9 +170,36 @@ def quickstart(time_box_s: float = QUICKSTART_TIME_BOX_S) -> dict[str, Any]:
     return summary
 
 
-def learner_update() -> dict[str, Any]:
-    report = learner_suite.accelerator_update(learner_suite.QWEN25_1_5B, **learner_suite.ACCELERATOR_SHAPE)
+def learner_update(profile_dir: str | None = None) -> dict[str, Any]:
+    """The accelerator update, with its kernel table from one more update traced under `profile_dir` (a temporary
+    directory when None)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        report = learner_suite.accelerator_update(
+            learner_suite.QWEN25_1_5B, **learner_suite.ACCELERATOR_SHAPE, profile_dir=profile_dir or scratch
+        )
     return {"model": "Qwen2.5-1.5B-shaped, random weights", **learner_figures(report)}
+
+
+def learner_options(time_box_s: float) -> dict[str, Any]:
+    """The accelerator update under each of `LEARNER_OPTIONS` (changes to the suite's shape or the model's
+    attention), while at least `LEARNER_OPTION_S` of `time_box_s` is left; the figures of each, keyed by option."""
+    start = time.perf_counter()
+    figures: dict[str, Any] = {}
+    for option in LEARNER_OPTIONS:
+        name = ",".join(f"{key}={value}" for key, value in option.items())
+        if time_box_s - (time.perf_counter() - start) < LEARNER_OPTION_S:
+            figures[name] = {"skipped": f"under {LEARNER_OPTION_S} s of the {time_box_s:.0f} s time box left"}
+            continue
+        shape = {**learner_suite.ACCELERATOR_SHAPE, **{k: v for k, v in option.items() if k in ("micro_batch",)}}
+        model = {k: v for k, v in option.items() if k not in shape}
+        try:
+            report = learner_suite.accelerator_update(learner_suite.QWEN25_1_5B, **shape, **model)
+            figures[name] = learner_figures(report)
+        except Exception as error:  # one option failing (cuDNN refusing a shape, say) must not hide the others
+            traceback.print_exc()
+            figures[name] = {"error": f"{type(error).__name__}: {error}"}
+        print(json.dumps({"learner_option": name, **figures[name]}, sort_keys=True, default=str), flush=True)
+    return figures
 
 
 def learner_figures(accelerator_report: Report) -> dict[str, Any]:
@@ -197,15 +234,19 @@ def weight_sync(hf_config: Mapping[str, Any] = learner_suite.QWEN25_1_5B, device
     return {"model_shape": hf_config.get("model_type"), "device": device, "repeats": repeats, **figures}
 
 
-PART_FUNCTIONS: dict[str, Callable[[], dict[str, Any]]] = {
-    "quickstart": quickstart, "learner": learner_update, "sync": weight_sync,
-}  # fmt: skip
+def _part_functions(profile_dir: str | None, options_time_box_s: float) -> dict[str, Callable[[], dict[str, Any]]]:
+    return {
+        "quickstart": quickstart,
+        "learner": lambda: learner_update(profile_dir),
+        "sync": weight_sync,
+        "learner_options": lambda: learner_options(options_time_box_s),
+    }
 
 
-def _run_part(name: str) -> dict[str, Any]:
+def _run_part(name: str, function: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     start = time.perf_counter()
     try:
-        figures = PART_FUNCTIONS[name]()
+        figures = function()
     except Exception as error:  # a failed part must not cost the lease the others' figures
         traceback.print_exc()
         figures = {"error": f"{type(error).__name__}: {error}"}
@@ -240,11 +281,22 @@ def report(found: Mapping[str, Any], parts: Mapping[str, Mapping[str, Any]], sui
                              figures["learn_sync_share"]))  # fmt: skip
                 rows.append((name, "reward: first fifth -> last fifth",
                              f"{figures['reward_first_fifth']:.3f} -> {figures['reward_last_fifth']:.3f}"))  # fmt: skip
+        elif name == "learner_options":
+            for option, option_figures in figures.items():
+                if option == "part_s":
+                    continue
+                if "flax_mfu" not in option_figures:
+                    rows.append((name, option, option_figures.get("error") or option_figures.get("skipped")))
+                    continue
+                rows.append((name, f"{option}: update s (median) / MFU",
+                             f"{option_figures['median_s']:.4f} / {option_figures['flax_mfu']:.3f}"))  # fmt: skip
         elif name == "learner":
             rows.append((name, "bf16 update s (median)", figures["median_s"]))
             rows.append((name, "tokens/s", figures["flax_tokens_per_s"]))
             rows.append((name, "MFU (vs measured bf16 matmul)", figures["flax_mfu"]))
             rows.append((name, "bf16 matmul TFLOP/s (measured)", figures["bf16_matmul_tflops_per_s"]))
+            rows.extend((name, f"kernel time share: {kind}", f"{share['share']:.3f}")
+                        for kind, share in figures.get("kernels", {}).get("by_kind", {}).items())  # fmt: skip
             notes.append(figures["note"])
         elif name == "sync":
             for dtype in SYNC_DTYPES:
@@ -262,7 +314,9 @@ def report(found: Mapping[str, Any], parts: Mapping[str, Mapping[str, Any]], sui
     )
 
 
-def run(parts: Sequence[str] = PARTS) -> Report:
+def run(parts: Sequence[str] = PARTS, profile_dir: str | None = None, options_time_box_s: float = 300.0) -> Report:
+    """The `parts` (of `PARTS` and `OPTIONAL_PARTS`) in that order; the learner part's trace goes to `profile_dir`
+    (a temporary directory when None)."""
     start = time.perf_counter()
     if not any(name in os.environ for name in JAX_ALLOCATOR_VARIABLES):
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # read when JAX's backend starts, just below
@@ -277,10 +331,12 @@ def run(parts: Sequence[str] = PARTS) -> Report:
             figures={"gpu": None, "devices": found},
             notes=[line],
         )
-    unknown = sorted(set(parts) - set(PARTS))
+    known = PARTS + OPTIONAL_PARTS
+    unknown = sorted(set(parts) - set(known))
     if unknown:
-        raise ValueError(f"unknown parts {unknown}; the parts are {PARTS}")
-    results = {name: _run_part(name) for name in PARTS if name in parts}
+        raise ValueError(f"unknown parts {unknown}; the parts are {known}")
+    functions = _part_functions(profile_dir, options_time_box_s)
+    results = {name: _run_part(name, functions[name]) for name in known if name in parts}
     return report(found, results, time.perf_counter() - start)
 
 

@@ -40,6 +40,7 @@ from flax import nnx
 
 from jax.sharding import Mesh
 
+from launch.benchmarks import profile
 from launch.benchmarks.common import Report, timed
 from models import hf_io, zoo
 from models.config import ModelConfig
@@ -174,12 +175,16 @@ def run() -> Report:
 
 def accelerator_update(
     hf_config: dict, *, batch: int, prompt: int, completion: int, micro_batch: int,
-    matmul_size: int = ACCELERATOR_MATMUL_SIZE, mesh: Mesh | None = None,
+    matmul_size: int = ACCELERATOR_MATMUL_SIZE, mesh: Mesh | None = None, attention_implementation: str = "einsum",
+    profile_dir: str | None = None,
 ) -> Report:
     """Tokens/s and MFU of `Learner.update` with bf16 matmuls and float32 weights on the default device (on `mesh`,
     rows split over its devices), against the bf16 square-matmul rate measured in the same run (on one device, times
-    the mesh's devices)."""
-    config = ModelConfig.from_hf(hf_config, dtype="bfloat16", param_dtype="float32")
+    the mesh's devices). With `profile_dir`, one more update runs under `jax.profiler.trace` there, and the figures
+    carry its kernel table (`launch.benchmarks.profile`)."""
+    config = ModelConfig.from_hf(
+        hf_config, dtype="bfloat16", param_dtype="float32", attention_implementation=attention_implementation
+    )
     learner = Learner(
         Transformer(config, rngs=nnx.Rngs(0)), _learner_config(micro_batch_size=micro_batch), mesh=mesh
     )
@@ -192,6 +197,7 @@ def accelerator_update(
         jax.block_until_ready(learner.params)
 
     seconds = timed(update, repeats=REPEATS, warmup=WARMUP_UPDATES)
+    kernels = None if profile_dir is None else profile.profile_calls(update, profile_dir)
     peak = _matmul_flops_per_s(jnp.bfloat16, matmul_size, ACCELERATOR_CHAINED_MATMULS) * devices
     n_tokens = batch * (prompt + completion)
     flops = _update_flops(hf_config, n_tokens, prompt + completion, batch * completion)
@@ -210,11 +216,13 @@ def accelerator_update(
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "micro_batch_size": micro_batch,
+            "attention_implementation": attention_implementation,
             "dtype": "bfloat16 matmuls, float32 weights",
             "flax_tokens_per_s": round(n_tokens / median, 1),
             "flax_mfu": round(flops / median / peak, 4),
             "update_tflops": float(f"{flops / 1e12:.6g}"),  # significant digits, not decimals: small shapes too
             "bf16_matmul_tflops_per_s": round(peak / 1e12, 1),
+            **({} if kernels is None else {"kernels": kernels}),
         },
         notes=[
             f"{devices} x {device} ({jax.process_count()} processes): {batch} x ({prompt} prompt + {completion} "

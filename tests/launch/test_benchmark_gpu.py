@@ -152,6 +152,42 @@ def test_the_learner_part_reports_the_accelerator_updates_figures():
     assert rows[("learner", "tokens/s")] == figures["flax_tokens_per_s"] == round(4 * 32 / row[1], 1)
 
 
+def test_the_learner_part_traces_one_more_update_and_reports_its_kernels(tmp_path):
+    accelerator = learner_suite.accelerator_update(SMALL_QWEN2, batch=4, prompt=16, completion=16, micro_batch=2,
+                                                   matmul_size=128, profile_dir=str(tmp_path))  # fmt: skip
+
+    kernels = accelerator.figures["kernels"]
+    assert list(tmp_path.rglob("*.xplane.pb"))
+    assert kernels["calls_traced"] == 1 and kernels["kernel_seconds"] > 0 and kernels["launches"] >= kernels["kernels"]
+    assert sum(kind["share"] for kind in kernels["by_kind"].values()) == pytest.approx(1.0)
+    assert sum(kind["seconds"] for kind in kernels["by_kind"].values()) == pytest.approx(kernels["kernel_seconds"])
+    shares = [kernel["share"] for kernel in kernels["top"]]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
+
+
+def test_learner_options_report_each_option_a_failure_and_what_the_time_box_left_out(monkeypatch):
+    calls, accelerator_update = [], learner_suite.accelerator_update
+
+    def update(hf_config, **settings):
+        calls.append(settings)
+        if settings.get("attention_implementation") == "cudnn":
+            raise RuntimeError("cuDNN fused attention needs an NVIDIA GPU")
+        return accelerator_update(SMALL_QWEN2, **(settings | {"prompt": 8, "completion": 8, "matmul_size": 64}))
+
+    monkeypatch.setattr(learner_suite, "accelerator_update", update)
+    figures = gpu.learner_options(time_box_s=10_000)
+
+    names = ["attention_implementation=cudnn", "micro_batch=8", "attention_implementation=cudnn,micro_batch=8"]
+    assert list(figures) == names
+    assert figures[names[0]] == {"error": "RuntimeError: cuDNN fused attention needs an NVIDIA GPU"}
+    assert figures[names[1]]["micro_batch_size"] == 8 and figures[names[1]]["attention_implementation"] == "einsum"
+    assert calls[1]["micro_batch"] == 8 and calls[0]["attention_implementation"] == "cudnn"
+    assert all(call["micro_batch"] in (2, 8) for call in calls)
+
+    skipped = gpu.learner_options(time_box_s=gpu.LEARNER_OPTION_S - 1)
+    assert all(option["skipped"].startswith(f"under {gpu.LEARNER_OPTION_S} s") for option in skipped.values())
+
+
 def test_the_in_process_sync_cast_to_bfloat16_lands_the_learners_weights_in_the_generator():
     model = Transformer(ModelConfig.from_hf(SMALL_QWEN2, param_dtype="float32"), rngs=nnx.Rngs(0))
     hf_model = transformers.AutoModelForCausalLM.from_config(
@@ -193,8 +229,15 @@ def test_the_report_has_a_row_per_figure_and_the_json_line_holds_every_part(caps
     quickstart |= {f"{phase}_share_of_run": 0.2 for phase in gpu.PHASES}
     quickstart["learn_sync_share"] = 0.5
     learner = {"median_s": 0.298, "flax_tokens_per_s": 27492.0, "flax_mfu": 0.3125, "bf16_matmul_tflops_per_s": 790.0,
-               "note": "the learner's note"}  # fmt: skip
-    parts = {"quickstart": quickstart, "learner": learner, "sync": {"error": "RuntimeError: CUDA out of memory"}}
+               "note": "the learner's note",
+               "kernels": {"by_kind": {"matmul": {"seconds": 0.2, "share": 0.625},
+                                       "fusion or other": {"seconds": 0.12, "share": 0.375}}}}  # fmt: skip
+    options = {"attention_implementation=cudnn": {"median_s": 0.25, "flax_mfu": 0.372},
+               "micro_batch=8": {"error": "XlaRuntimeError: RESOURCE_EXHAUSTED"},
+               "attention_implementation=cudnn,micro_batch=8": {"skipped": "under 100 s of the 300 s time box left"},
+               "part_s": 90.0}  # fmt: skip
+    parts = {"quickstart": quickstart, "learner": learner, "sync": {"error": "RuntimeError: CUDA out of memory"},
+             "learner_options": options}
 
     report = gpu.report(found, parts, suite_s=300.0)
     common.emit(report)
@@ -205,7 +248,12 @@ def test_the_report_has_a_row_per_figure_and_the_json_line_holds_every_part(caps
     assert rows[("quickstart", "learn share: median / of the run")] == "0.250 / 0.200"
     assert rows[("quickstart", "learn + sync share, median (e2e goal <= 35%)")] == 0.5
     assert rows[("learner", "MFU (vs measured bf16 matmul)")] == 0.3125
+    assert rows[("learner", "kernel time share: matmul")] == "0.625"
+    assert rows[("learner", "kernel time share: fusion or other")] == "0.375"
     assert rows[("sync", "FAILED")] == "RuntimeError: CUDA out of memory"
+    assert rows[("learner_options", "attention_implementation=cudnn: update s (median) / MFU")] == "0.2500 / 0.372"
+    assert rows[("learner_options", "micro_batch=8")] == "XlaRuntimeError: RESOURCE_EXHAUSTED"
+    assert rows[("learner_options", "attention_implementation=cudnn,micro_batch=8")].startswith("under 100 s")
     lines = capsys.readouterr().out.splitlines()
     assert "the learner's note" in lines and "suite: 300 s (goal < 480 s)" in lines
     figures = json.loads(lines[-1])

@@ -1,0 +1,56 @@
+"""`attention_implementation="cudnn"` routes attention through `jax.nn.dot_product_attention`; cuDNN needs an NVIDIA
+GPU, so here the same call runs on JAX's XLA implementation and must give the einsum path's values and gradients."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import transformer
+from models.config import ModelConfig
+
+CONFIG = ModelConfig(family="qwen2", vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=16, attention_bias=True)  # fmt: skip
+# Row 0 is left-padded (two padding queries whose keys are all masked), row 1 is full.
+TOKENS = jnp.array([[0, 0, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6]])
+ATTENTION_MASK = jnp.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+POSITIONS = jnp.maximum(jnp.cumsum(ATTENTION_MASK, axis=1) - 1, 0)
+
+
+def _loss_and_grads(config: ModelConfig):
+    model = transformer.Transformer(config, rngs=nnx.Rngs(0))
+
+    def loss(model):
+        hidden = model(TOKENS, POSITIONS, ATTENTION_MASK)
+        return jnp.sum(jnp.where(ATTENTION_MASK[..., None] == 1, hidden, 0.0) ** 2)
+
+    return nnx.value_and_grad(loss)(model)
+
+
+def test_the_fused_attention_path_matches_the_einsum_path_in_values_and_gradients(monkeypatch):
+    expected_loss, expected_grads = _loss_and_grads(CONFIG)
+    through_xla = transformer.fused_attention
+    monkeypatch.setattr(transformer, "fused_attention",
+                        lambda q, k, v, mask, implementation: through_xla(q, k, v, mask, implementation="xla"))  # fmt: skip
+
+    loss, grads = _loss_and_grads(CONFIG.replace(attention_implementation="cudnn"))
+
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-6)
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(expected_grads)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+
+
+def test_the_fused_path_is_what_runs_when_asked_for(monkeypatch):
+    calls = []
+    monkeypatch.setattr(transformer, "fused_attention", lambda *args, **kwargs: calls.append(kwargs) or
+                        jnp.zeros(args[0].shape, args[0].dtype))  # fmt: skip
+    transformer.Transformer(CONFIG.replace(attention_implementation="cudnn"), rngs=nnx.Rngs(0))(
+        TOKENS, POSITIONS, ATTENTION_MASK
+    )
+    assert calls == [{"implementation": "cudnn"}] * CONFIG.num_layers
+
+
+def test_an_unknown_attention_implementation_is_refused():
+    with pytest.raises(ValueError, match="attention_implementation must be one of"):
+        CONFIG.replace(attention_implementation="flash")
