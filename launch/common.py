@@ -1,7 +1,6 @@
 """Flags and builders shared by the entry points (train, sft, eval, serve).
 
-Each `build_*` reads the flags of its group and returns the object the rest of the stack takes; `EnvWorld` binds an
-`env.gym_env.ConductorEnv` and the Conductor's tokenizer to the `rl.loop.Environment` protocol.
+Each `build_*` reads the flags of its group and returns the object the rest of the stack takes.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from absl import flags
 from flax import nnx
 
 from env.executor import ExecutorConfig
-from env.gym_env import ConductorEnv, EnvConfig, Scored
+from env.gym_env import ConductorEnv, EnvConfig
 from env.rewards import RewardConfig
 from env.tasks import data_files, routerdc
 from env.workers.cache import ResponseCache
@@ -34,9 +33,8 @@ from env.worlds import (
 )
 from models import hf_io, zoo
 from models.config import ModelConfig
-from models.tokenizer import load_tokenizer, render_chat
+from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
-from rl.loop import Rollout
 from rollout import weight_sync
 from rollout.sglang_generator import SGLangConfig, SGLangGenerator
 from rollout.torch_generator import TorchGenerator
@@ -330,77 +328,6 @@ def _log_sandbox_layer(layer: str) -> None:
         )
     else:
         log.info("code tasks run generated programs in the %s sandbox", layer)
-
-
-def rollout_metrics(scored: Scored) -> dict[str, float]:
-    """The per-rollout numbers the loop averages and the evaluation reports."""
-    metrics = {
-        "valid_format": float(scored.parse_error is None),
-        "correct": float(scored.grade or 0.0),
-        "steps": float(len(scored.workflow.steps)) if scored.workflow else 0.0,
-    }
-    if scored.execution is not None:
-        metrics.update(
-            worker_calls=float(scored.execution.calls),
-            tokens=float(scored.execution.tokens),
-            cost_usd=float(scored.execution.cost_usd),
-            failed_steps=float(scored.execution.failed_steps),
-        )
-    return metrics
-
-
-class EnvWorld:
-    """`rl.loop.Environment` over a `ConductorEnv`: prompts through the Conductor's chat template, completions decoded
-    from the generator's own token ids, scores from the env (which owns the reward)."""
-
-    def __init__(self, env: ConductorEnv, tokenizer: Any):
-        self.env = env
-        self.tokenizer = tokenizer
-        self.tasks = env.world.tasks
-        self.num_questions = len(self.tasks)
-        self.question_strata = [task.domain for task in self.tasks]
-        self._prompts: dict[int, list[int]] = {}
-
-    def prompt_ids(self, question: int) -> list[int]:
-        if question not in self._prompts:
-            observation = self.env.observation(self.tasks[question])
-            self._prompts[question] = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
-        return self._prompts[question]
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
-    def score(self, questions, completions, contexts, sample_ids) -> list[Rollout]:
-        tasks = [self.tasks[q] for q in questions]
-        scored = self.env.score_batch_sync(
-            tasks, [self.decode(c) for c in completions], sample_indices=list(sample_ids), previous=contexts
-        )
-        rollouts = []
-        oracle = self.env.world.oracle
-        for task, result in zip(tasks, scored):
-            metrics = rollout_metrics(result)
-            if oracle is not None:
-                # Whether the workflow's answer comes from the worker the known optimal plan ends with (a recursion
-                # round that kept its answer: the worker that gave it in an earlier round).
-                execution = result.execution
-                while execution is not None and not execution.steps:
-                    execution = execution.previous
-                final = execution.steps[-1].worker if execution is not None else None
-                metrics["oracle_route"] = float(final == oracle.plans[task.domain].final)
-            followup = None
-            if result.round < self.env.config.recursion_rounds and result.workflow is not None:
-                observation = self.env.observation(task, result)
-                followup = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
-            rollouts.append(
-                Rollout(
-                    reward=result.reward,
-                    metrics=metrics,
-                    workers=tuple(step.worker for step in result.workflow.steps) if result.workflow else (),
-                    context=result,
-                    followup_prompt_ids=followup,
-                )
-            )
-        return rollouts
 
 
 def sampling_params() -> SamplingParams:

@@ -6,7 +6,7 @@
 
 Every method runs through the same env: the Conductor's completions and the baselines' fixed workflows are parsed,
 executed over the world's pool (through `--cache` when given, so a rerun makes no provider calls), graded and
-summarized by `launch.evaluation`. Writes results.json, results.md and accuracy_tokens.png to `--out_dir` and
+summarized by `launch.outcomes`, `launch.baselines` and `launch.report`. Writes results.json, results.md and accuracy_tokens.png to `--out_dir` and
 prints the markdown.
 """
 
@@ -25,7 +25,10 @@ import pathlib
 from absl import app, flags
 
 from launch import common, console
-from launch.evaluation import BASELINES, BaselineConfig, conductor_outcomes, run_baselines, summarize, write_report
+from launch.baselines import BASELINES, BaselineConfig, run_baselines
+from launch.loop_environment import TokenizedConductorEnv
+from launch.outcomes import conductor_outcomes
+from launch.report import summarize, write_report
 
 _METHODS = flags.DEFINE_list(
     "methods", ["conductor", *BASELINES],
@@ -65,7 +68,7 @@ def main(argv: list[str]) -> None:
         generator, _ = common.build_generator(model_dir, out_dir)
         params = dataclasses.replace(common.conductor_sampling_params(model_dir), temperature=_CONDUCTOR_TEMPERATURE.value)
         try:
-            outcomes = conductor_outcomes(generator, common.EnvWorld(env, tokenizer), params, _REPEATS.value)
+            outcomes = conductor_outcomes(generator, TokenizedConductorEnv(env, tokenizer), params, _REPEATS.value)
         finally:
             generator.close()
         results[f"Conductor ({flags.FLAGS.conductor})"] = summarize(outcomes, names)

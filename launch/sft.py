@@ -39,6 +39,7 @@ from env.policies import TEMPLATES, random_template
 from env.prompts import CONDUCTOR_PREFIX
 from env.workflow import Workflow, WorkflowFormatError, parse_workflow, render_workflow
 from launch import common, console, distributed
+from launch.loop_environment import TokenizedConductorEnv
 from models import hf_io
 from rl.learner import OptimizerConfig
 from rl.loop import question_order
@@ -102,13 +103,13 @@ def first_worker_token(tokenizer: Any, ids: Sequence[int]) -> int | None:
     return low
 
 
-def domain_labels(world: common.EnvWorld) -> dict[str, int]:
+def domain_labels(world: TokenizedConductorEnv) -> dict[str, int]:
     """Each task domain of the world, numbered in sorted order (the probe's classes)."""
     return {domain: index for index, domain in enumerate(sorted({task.domain for task in world.tasks}))}
 
 
 def make_example(
-    world: common.EnvWorld, question: int, ids: Sequence[int], labels: Mapping[str, int] | None
+    world: TokenizedConductorEnv, question: int, ids: Sequence[int], labels: Mapping[str, int] | None
 ) -> Example:
     """A (prompt, completion) example; with `labels`, labelled with the question's domain at the first worker id."""
     prompt = tuple(world.prompt_ids(question))
@@ -118,7 +119,7 @@ def make_example(
     return Example(prompt, tuple(ids), index, labels[world.tasks[question].domain])
 
 
-def template_examples(world: common.EnvWorld, count: int, rng: random.Random, probe: bool = False) -> list[Example]:
+def template_examples(world: TokenizedConductorEnv, count: int, rng: random.Random, probe: bool = False) -> list[Example]:
     """`count` (prompt, uniformly routed template workflow) pairs over the world's questions.
 
     With recursion rounds (`--recursion_rounds` N), each example's round is drawn uniformly from the N + 1, so the
@@ -148,7 +149,7 @@ def template_examples(world: common.EnvWorld, count: int, rng: random.Random, pr
     return examples
 
 
-def rollout_examples(world: common.EnvWorld, path: str, min_reward: float, probe: bool = False) -> list[Example]:
+def rollout_examples(world: TokenizedConductorEnv, path: str, min_reward: float, probe: bool = False) -> list[Example]:
     """Logged completions (the generator's own token ids) that earned at least `min_reward`."""
     labels = domain_labels(world) if probe else None
     examples = []
@@ -162,7 +163,7 @@ def rollout_examples(world: common.EnvWorld, path: str, min_reward: float, probe
     return examples
 
 
-def world_examples(world: common.EnvWorld, count: int, rng: random.Random, probe: bool = False) -> list[Example]:
+def world_examples(world: TokenizedConductorEnv, count: int, rng: random.Random, probe: bool = False) -> list[Example]:
     """About `count` template workflows, executed and graded in the world, each weighted by its grade
     (`--sft_world_weights`, `route_weights`).
 
@@ -220,7 +221,7 @@ def route_weights(grades: Sequence[float], mode: str) -> list[float]:
     raise ValueError(f"unknown route weighting {mode!r}; expected 'grade' or 'advantage'")
 
 
-def format_validity(generator: Any, world: common.EnvWorld, questions: Sequence[int], samples: int,
+def format_validity(generator: Any, world: TokenizedConductorEnv, questions: Sequence[int], samples: int,
                     params: SamplingParams) -> float:
     """Fraction of `samples` completions (spread over `questions`) that parse as a workflow."""
     per_question = -(-samples // len(questions))
@@ -237,7 +238,7 @@ def format_validity(generator: Any, world: common.EnvWorld, questions: Sequence[
     return valid / len(texts)
 
 
-def sft_config(world: common.EnvWorld, steps: int, seed: int) -> SFTConfig:
+def sft_config(world: TokenizedConductorEnv, steps: int, seed: int) -> SFTConfig:
     """The supervised trainer's config from the flags, for `steps` steps."""
     optimizer = OptimizerConfig(
         learning_rate=_LR.value, schedule=_LR_SCHEDULE.value, warmup_steps=min(_WARMUP.value, steps),
@@ -254,7 +255,7 @@ def sft_config(world: common.EnvWorld, steps: int, seed: int) -> SFTConfig:
     )
 
 
-def warm_start(model: Any, world: common.EnvWorld, steps: int, seed: int) -> list[dict[str, float]]:
+def warm_start(model: Any, world: TokenizedConductorEnv, steps: int, seed: int) -> list[dict[str, float]]:
     """Fits the Conductor in place to the configured teacher for `steps` steps; returns per-step metrics."""
     rng = random.Random(seed)
     probe = _DOMAIN_PROBE_WEIGHT.value > 0
@@ -293,7 +294,7 @@ def main(argv: list[str]) -> None:
     distributed.initialize()
     out = pathlib.Path(_OUT.value)
     model, tokenizer, model_dir = common.load_conductor(distributed.process_dir(out) / "init")
-    world = common.EnvWorld(common.build_env(), tokenizer)
+    world = TokenizedConductorEnv(common.build_env(), tokenizer)
     generator, sync = common.build_generator(model_dir, distributed.process_dir(out))
     probe = list(range(min(8, world.num_questions)))
     # Validity is measured at the sampling settings RL will use (--temperature, --top_p, --top_k, --max_tokens).

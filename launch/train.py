@@ -29,7 +29,10 @@ import pathlib
 from absl import app, flags
 
 from launch import common, console, distributed, sft
-from launch.evaluation import evaluate, greedy_valid_format, held_out_questions
+from launch.format_check import greedy_valid_format, held_out_questions
+from launch.loop_environment import TokenizedConductorEnv
+from launch.outcomes import conductor_outcomes
+from launch.report import summarize
 from models import hf_io
 from rl.advantages import ESTIMATORS
 from rl.checkpoint import Checkpointer
@@ -190,7 +193,7 @@ def main(argv: list[str]) -> None:
 
     model, tokenizer, model_dir = common.load_conductor(distributed.process_dir(log_dir) / "conductor_init")
     env = common.build_env()
-    world = common.EnvWorld(env, tokenizer)
+    world = TokenizedConductorEnv(env, tokenizer)
     checkpointer = Checkpointer(checkpoint_dir, keep=_KEEP.value)
     if _WARM_START_STEPS.value and checkpointer.latest_step() is None:
         sft.warm_start(model, world, _WARM_START_STEPS.value, common.seed())
@@ -250,8 +253,12 @@ def main(argv: list[str]) -> None:
                  "".join(f"\n  {question!r}: {error}" for question, error in validity.failures[:3]))
         summary["greedy_valid_format"] = validity.rate
     if _EVAL_TASKS.value:
-        eval_world = common.EnvWorld(common.build_env(_EVAL_TASKS.value), tokenizer)
-        summary["eval"] = evaluate(generator, eval_world, params=dataclasses.replace(sampling, temperature=0.0))
+        eval_env = common.build_env(_EVAL_TASKS.value)
+        # Greedy, with the Conductor's own completion limit: a default one would hold a non-stopping small Conductor
+        # for 1024 steps.
+        outcomes = conductor_outcomes(generator, TokenizedConductorEnv(eval_env, tokenizer),
+                                      dataclasses.replace(sampling, temperature=0.0), repeats=1)
+        summary["eval"] = summarize(outcomes, [worker.name for worker in eval_env.world.pool])
     writer.close()
     generator.close()
     print(json.dumps(summary, sort_keys=True))

@@ -20,20 +20,11 @@ from env.workers.openai_api import OpenAICompatibleWorker
 from env.workers.replay import ROUTERDC_MODELS
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, World, build_world, replay_reference_points
-from launch import common
-from launch.evaluation import (
-    BaselineConfig,
-    Outcome,
-    conductor_outcomes,
-    greedy_valid_format,
-    held_out_questions,
-    markdown_report,
-    prompted_conductor_outcomes,
-    run_baselines,
-    summarize,
-    workflow_outcomes,
-    write_report,
-)
+from launch.baselines import BaselineConfig, prompted_conductor_outcomes, run_baselines, workflow_outcomes
+from launch.format_check import greedy_valid_format, held_out_questions
+from launch.loop_environment import TokenizedConductorEnv
+from launch.outcomes import Outcome, conductor_outcomes
+from launch.report import markdown_report, summarize, write_report
 from models import zoo
 from models.tokenizer import load_tokenizer
 from rollout.types import Completion, SamplingParams
@@ -286,7 +277,7 @@ class RoutingGenerator:
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_greedy_conductor_is_generated_once_and_rescored_each_repeat(replay_env, temperature):
-    world = common.EnvWorld(replay_env, load_tokenizer(zoo.smollm2_135m_instruct()))
+    world = TokenizedConductorEnv(replay_env, load_tokenizer(zoo.smollm2_135m_instruct()))
     generator = RoutingGenerator(world.tokenizer)
     params = SamplingParams(temperature=temperature, max_new_tokens=32)
     outcomes = conductor_outcomes(generator, world, params, repeats=3, batch_questions=16)
@@ -314,7 +305,7 @@ class SeededGenerator(RoutingGenerator):
 
 
 def test_a_sampled_conductor_draws_each_batch_and_repeat_afresh_and_reproducibly(replay_env):
-    world = common.EnvWorld(replay_env, load_tokenizer(zoo.smollm2_135m_instruct()))
+    world = TokenizedConductorEnv(replay_env, load_tokenizer(zoo.smollm2_135m_instruct()))
     params = SamplingParams(temperature=1.0, max_new_tokens=32, seed=0)
     outcomes = conductor_outcomes(SeededGenerator(world.tokenizer), world, params, repeats=2, batch_questions=20)
     routes = np.array([o.workers[0] for o in outcomes]).reshape(2, -1, 20)  # repeat, batch, row

@@ -1,4 +1,4 @@
-"""`launch.common.EnvWorld` scores Conductor completions through the env and reports per-rollout metrics."""
+"""`launch.TokenizedConductorEnv` scores Conductor completions through the env and reports per-rollout metrics."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from env.gym_env import ConductorEnv
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch import common
+from launch.loop_environment import TokenizedConductorEnv
 from models import zoo
 from models.tokenizer import load_tokenizer
 
@@ -15,7 +15,7 @@ from models.tokenizer import load_tokenizer
 @pytest.fixture(scope="module")
 def world():
     tokenizer = load_tokenizer(zoo.smollm2_135m_instruct())
-    return common.EnvWorld(ConductorEnv(build_world(SyntheticWorldConfig(num_workers=4, num_tasks=8))), tokenizer)
+    return TokenizedConductorEnv(ConductorEnv(build_world(SyntheticWorldConfig(num_workers=4, num_tasks=8))), tokenizer)
 
 
 def _completion(world, worker: int) -> list[int]:

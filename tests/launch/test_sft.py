@@ -21,7 +21,8 @@ from env.workers.replay import ROUTERDC_MODELS
 from env.workflow import parse_workflow
 from env.tasks.synthetic import DOMAINS
 from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, build_world
-from launch import common, sft
+from launch import sft
+from launch.loop_environment import TokenizedConductorEnv
 from models import ModelConfig, Transformer, zoo
 from models.testing import tiny_config
 from models.tokenizer import load_tokenizer
@@ -39,7 +40,7 @@ def _tiny_model():
 @pytest.fixture(scope="module")
 def world():
     tokenizer = load_tokenizer(zoo.smollm2_135m_instruct())
-    return common.EnvWorld(ConductorEnv(build_world(SyntheticWorldConfig(num_workers=4, num_tasks=12))), tokenizer)
+    return TokenizedConductorEnv(ConductorEnv(build_world(SyntheticWorldConfig(num_workers=4, num_tasks=12))), tokenizer)
 
 
 def test_first_worker_token_is_the_token_that_writes_the_first_id(world):
@@ -81,13 +82,13 @@ def test_rollout_examples_label_the_logged_workflows_that_name_a_worker(world, t
     assert (unlabelled.probe_index, unlabelled.probe_label) == (None, None)
 
 
-def _replay_world(expected_grades: bool) -> common.EnvWorld:
+def _replay_world(expected_grades: bool) -> TokenizedConductorEnv:
     world = build_world(ReplayWorldConfig(files=("gsm8k-test", "arc_challenge_test"), limit_per_file=10))
     env = ConductorEnv(world, EnvConfig(max_steps=1, expected_grades=expected_grades, executor=ExecutorConfig(seed=0)))
-    return common.EnvWorld(env, load_tokenizer(zoo.smollm2_135m_instruct()))
+    return TokenizedConductorEnv(env, load_tokenizer(zoo.smollm2_135m_instruct()))
 
 
-def _route(world: common.EnvWorld, example) -> tuple[int, int]:
+def _route(world: TokenizedConductorEnv, example) -> tuple[int, int]:
     """(question, final worker) of a world-teacher example."""
     question = next(q for q in range(world.num_questions) if tuple(world.prompt_ids(q)) == example.prompt_ids)
     text = world.tokenizer.decode(list(example.completion_ids), skip_special_tokens=True)
@@ -95,7 +96,7 @@ def _route(world: common.EnvWorld, example) -> tuple[int, int]:
     return question, workflow.steps[-1].worker
 
 
-def _drawn_questions(world: common.EnvWorld, count: int, seed: int) -> list[int]:
+def _drawn_questions(world: TokenizedConductorEnv, count: int, seed: int) -> list[int]:
     """The questions `world_examples` draws with `random.Random(seed)`, unstratified."""
     return question_order(world.num_questions, random.Random(seed).randrange(2**31), 0, count)
 

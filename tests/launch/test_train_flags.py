@@ -14,6 +14,7 @@ from env.gym_env import ConductorEnv
 from env.tasks import sandbox
 from env.worlds import SyntheticWorldConfig, build_world
 from launch import common, sft, train
+from launch.loop_environment import TokenizedConductorEnv
 from models import zoo
 from models.tokenizer import load_tokenizer
 from rl.loop import LoopConfig
@@ -106,7 +107,7 @@ def test_allow_unsandboxed_code_reaches_the_env_and_is_logged_loudly_when_used(m
 
 
 def test_share_prompts_reaches_the_learner_and_the_warm_start():
-    world = common.EnvWorld(ConductorEnv(build_world(SyntheticWorldConfig(num_tasks=4))),
+    world = TokenizedConductorEnv(ConductorEnv(build_world(SyntheticWorldConfig(num_tasks=4))),
                             load_tokenizer(zoo.smollm2_135m_instruct()))  # fmt: skip
     assert train.learner_config(32, 64).share_prompts and sft.sft_config(world, 10, 0).share_prompts
     with flagsaver.flagsaver(share_prompts=False):

@@ -10,17 +10,18 @@ from env.gym_env import ConductorEnv, EnvConfig
 from env.prompts import CONDUCTOR_PREFIX
 from env.workflow import parse_workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch import common, sft
+from launch import sft
+from launch.loop_environment import TokenizedConductorEnv
 from models import zoo
 from models.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
 
 
-def _world(recursion_rounds: int) -> common.EnvWorld:
+def _world(recursion_rounds: int) -> TokenizedConductorEnv:
     env = ConductorEnv(build_world(SyntheticWorldConfig(num_workers=4, num_tasks=20)),
                        EnvConfig(recursion_rounds=recursion_rounds))
-    return common.EnvWorld(env, load_tokenizer(zoo.smollm2_135m_instruct()))
+    return TokenizedConductorEnv(env, load_tokenizer(zoo.smollm2_135m_instruct()))
 
 
 @pytest.mark.parametrize("recursion_rounds", [0, 2])

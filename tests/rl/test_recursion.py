@@ -14,8 +14,8 @@ from flax import nnx
 from env.gym_env import ConductorEnv, EnvConfig
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch import common
-from launch.evaluation import conductor_outcomes
+from launch.loop_environment import TokenizedConductorEnv
+from launch.outcomes import conductor_outcomes
 from models import zoo
 from models.config import ModelConfig
 from models.testing import tiny_config
@@ -240,7 +240,7 @@ def test_the_rewards_credited_in_training_are_the_env_episodes_and_the_evaluatio
     # training, the gym episode and the evaluation (each with worker seeds of its own) grade a workflow alike.
     env_config = EnvConfig(recursion_rounds=2, expected_grades=True)
     env = ConductorEnv(build_world(world_config), env_config)
-    world = common.EnvWorld(env, tokenizer)
+    world = TokenizedConductorEnv(env, tokenizer)
     conductor = ScriptedConductor(tokenizer, pool_size=4)
     writer = MetricsWriter(tmp_path)
     loop = _loop(world, conductor, _learner(vocab_size=len(tokenizer)), writer=writer, questions=2, group=3,

@@ -1,0 +1,219 @@
+"""The reference's baselines, scored like a Conductor's completions.
+
+Baselines are fixed workflows in the Conductor's own format (`env.policies`), rendered as text and scored by
+`ConductorEnv.score_batch` exactly like a Conductor completion: parsed, executed through the response cache, graded
+and rewarded. The scoring env differs only in admitting the baseline's step count and fine-grained access
+(Mixture-of-Agents exceeds the Conductor's five steps and reads only the previous layer). A pool worker prompted as
+an untrained Conductor (`prompted_conductor_outcomes`) writes its own workflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from typing import Any, Callable, Sequence
+
+from env import policies
+from env.executor import step_seed
+from env.gym_env import ConductorEnv
+from env.tasks.base import Task
+from env.workers.base import WorkerError, WorkerReply
+from env.workers.cache import cache_key
+from env.workflow import Workflow, render_workflow
+from launch.outcomes import Outcome, sample_id, scored_outcome
+from launch.report import summarize
+
+BASELINES = (
+    "single", "domain_best", "random", "oracle", "moa", "self_reflection", "consensus", "prompted_conductor"
+)
+
+WorkflowChoice = Callable[[Task, int], Workflow]  # (task, repeat) -> the workflow to run
+
+
+def workflow_outcomes(env: ConductorEnv, choose: WorkflowChoice, repeats: int) -> list[Outcome]:
+    """Scores `choose(task, repeat)` for every question and repeat through `ConductorEnv.score_batch`."""
+    tasks = env.world.tasks
+    jobs = [(q, r, choose(tasks[q], r)) for r in range(repeats) for q in range(len(tasks))]
+    longest = max(len(workflow.steps) for _, _, workflow in jobs)
+    config = dataclasses.replace(
+        env.config, max_steps=max(longest, env.config.max_steps), access_mode="fine", recursion_rounds=0
+    )
+    scorer = ConductorEnv(env.world, config, env.cache)
+    try:
+        scored = scorer.score_batch_sync(
+            [tasks[q] for q, _, _ in jobs],
+            [render_workflow(workflow, "fine") for _, _, workflow in jobs],
+            sample_indices=[sample_id(q, r, len(tasks)) for q, r, _ in jobs],
+        )
+    finally:
+        scorer.close()
+    return [scored_outcome(tasks[q], r, result) for (q, r, _), result in zip(jobs, scored)]
+
+
+def oracle_choice(env: ConductorEnv) -> WorkflowChoice | None:
+    """The oracle router where the world knows outcomes: the per-domain optimal plan of the synthetic world, or
+    the recorded best model per question of the replay world; None elsewhere."""
+    world = env.world
+    if world.oracle is not None:
+        plans = world.oracle.plans
+        return lambda task, repeat: plans[task.domain].workflow(policies.SOLVE)
+    if all("scores" in task.metadata for task in world.tasks):
+        models = [getattr(worker, "model", worker.name) for worker in world.pool]
+        return lambda task, repeat: policies.oracle_routing(task, models)
+    return None
+
+
+def random_choice(pool_size: int, seed: int) -> WorkflowChoice:
+    """Uniform routing, drawn from (seed, task, repeat) so every rerun routes the same way."""
+    return lambda task, repeat: policies.random_routing(pool_size, random.Random(f"{seed}/{task.id}/{repeat}"))
+
+
+# -- a worker prompted as the Conductor ----------------------------------------------------------------------------
+
+
+async def _prompted_replies(
+    env: ConductorEnv, worker_index: int, jobs: Sequence[tuple[int, int]], max_tokens: int
+) -> list[WorkerReply | None]:
+    worker = env.world.pool[worker_index]
+    backend = getattr(worker, "backend", type(worker).__name__)
+    model = getattr(worker, "cache_model", worker.name)
+    temperature = env.config.executor.temperature
+    limit = asyncio.Semaphore(env.config.max_concurrency)
+    tasks = env.world.tasks
+
+    async def reply(question: int, repeat: int) -> WorkerReply | None:
+        messages = env.observation(tasks[question])["messages"]
+        sample = sample_id(question, repeat, len(tasks))
+        seed = step_seed(env.config.executor.seed, sample, -1)  # -1: before the workflow's own steps
+        key = cache_key(backend, model, messages, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                        sample=["conductor", sample])  # fmt: skip
+        async with limit:
+            if env.cache is not None and (cached := await env.cache.get(key)) is not None:
+                return cached
+            try:
+                answer = await worker.complete(
+                    messages, max_tokens=max_tokens, temperature=temperature, seed=seed, task=tasks[question]
+                )
+            except WorkerError:
+                return None
+            if env.cache is not None:
+                await env.cache.put(key, backend, model, answer)
+            return answer
+
+    try:
+        return await asyncio.gather(*(reply(q, r) for q, r in jobs))
+    finally:
+        close = getattr(worker, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def prompted_conductor_outcomes(
+    env: ConductorEnv, worker_index: int, repeats: int, max_tokens: int = 1024
+) -> list[Outcome]:
+    """Pool worker `worker_index` is sent the Conductor prompt; its reply is parsed and executed as a Conductor
+    completion. A failed call scores as an empty completion (a format error). Its own tokens and price are
+    reported as `conductor_tokens` and added to `cost_usd`."""
+    if not 0 <= worker_index < len(env.world.pool):
+        raise ValueError(f"worker {worker_index} is outside the pool of {len(env.world.pool)}")
+    tasks = env.world.tasks
+    jobs = [(q, r) for r in range(repeats) for q in range(len(tasks))]
+    replies = asyncio.run(_prompted_replies(env, worker_index, jobs, max_tokens))
+    scored = env.score_batch_sync(
+        [tasks[q] for q, _ in jobs],
+        [reply.text if reply is not None else "" for reply in replies],
+        sample_indices=[sample_id(q, r, len(tasks)) for q, r in jobs],
+    )
+    outcomes = []
+    for (q, r), reply, result in zip(jobs, replies, scored):
+        outcome = scored_outcome(
+            tasks[q], r, result,
+            conductor_tokens=float(reply.prompt_tokens + reply.completion_tokens) if reply else 0.0,
+            conductor_failed=float(reply is None),
+        )  # fmt: skip
+        if reply is not None:
+            metrics = dict(outcome.metrics)
+            metrics["cost_usd"] = metrics.get("cost_usd", 0.0) + reply.cost_usd
+            outcome = dataclasses.replace(outcome, metrics=metrics)
+        outcomes.append(outcome)
+    return outcomes
+
+
+# -- every baseline ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineConfig:
+    """Which baselines run and their sizes. `worker` runs self-reflection and consensus and aggregates
+    Mixture-of-Agents; None means the best single worker measured in the same run."""
+
+    baselines: tuple[str, ...] = BASELINES
+    moa_layers: int = 1
+    reflection_revisions: int = 2
+    consensus_samples: int = 3
+    worker: int | None = None
+    prompted_conductors: tuple[int, ...] = (0,)
+    prompted_max_tokens: int = 1024
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.baselines) - set(BASELINES))
+        if unknown:
+            raise ValueError(f"unknown baselines {unknown}; choose from {list(BASELINES)}")
+        if self.moa_layers < 1 or self.consensus_samples < 1 or self.reflection_revisions < 0:
+            raise ValueError("need moa_layers >= 1, consensus_samples >= 1 and reflection_revisions >= 0")
+        if self.prompted_max_tokens < 1:
+            raise ValueError(f"prompted_max_tokens must be >= 1, got {self.prompted_max_tokens}")
+
+
+def run_baselines(env: ConductorEnv, config: BaselineConfig, repeats: int) -> dict[str, dict[str, Any]]:
+    """Method name -> `summarize` report, for every baseline in `config` that the world supports."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    pool = env.world.pool
+    names = [worker.name for worker in pool]
+    for index in (config.worker, *config.prompted_conductors):
+        if index is not None and not 0 <= index < len(pool):
+            raise ValueError(f"worker {index} is outside the pool of {len(pool)}")
+    results: dict[str, dict[str, Any]] = {}
+
+    def run(method: str, choose: WorkflowChoice) -> None:
+        results[method] = summarize(workflow_outcomes(env, choose, repeats), names)
+
+    needs_best = config.worker is None and {"moa", "self_reflection", "consensus"} & set(config.baselines)
+    singles = {}
+    if {"single", "domain_best"} & set(config.baselines) or needs_best:
+        for w in range(len(pool)):
+            outcomes = workflow_outcomes(env, lambda task, repeat, w=w: policies.single(w), repeats)
+            singles[w] = summarize(outcomes, names)
+        if "single" in config.baselines:
+            results.update({f"single {w}: {names[w]}": report for w, report in singles.items()})
+    if "domain_best" in config.baselines:
+        # Each domain to the worker with the best accuracy on it in this run: the most any Conductor whose choice
+        # depends only on the question's domain can reach (measured in-sample, like the best single worker).
+        domains = singles[0]["domains"]
+        best = {d: max(singles, key=lambda w, d=d: singles[w]["domains"][d]["correct"]) for d in domains}
+        run("per-domain best worker", lambda task, repeat: policies.single(best[task.domain]))
+    worker = config.worker
+    if needs_best:
+        worker = max(singles, key=lambda w: singles[w]["average_accuracy"])
+    if "random" in config.baselines:
+        run("random routing", random_choice(len(pool), config.seed))
+    if "oracle" in config.baselines and (oracle := oracle_choice(env)) is not None:
+        run("oracle routing", oracle)
+    if "moa" in config.baselines:
+        moa = policies.mixture_of_agents(range(len(pool)), worker, config.moa_layers)
+        run(f"MoA ({config.moa_layers} layer, aggregator {worker})", lambda task, repeat: moa)
+    if "self_reflection" in config.baselines:
+        reflection = policies.self_reflection(worker, config.reflection_revisions)
+        run(f"self-reflection ({config.reflection_revisions} revisions, worker {worker})",
+            lambda task, repeat: reflection)  # fmt: skip
+    if "consensus" in config.baselines:
+        vote = policies.consensus(worker, config.consensus_samples)
+        run(f"consensus ({config.consensus_samples} samples, worker {worker})", lambda task, repeat: vote)
+    if "prompted_conductor" in config.baselines:
+        for w in config.prompted_conductors:
+            outcomes = prompted_conductor_outcomes(env, w, repeats, config.prompted_max_tokens)
+            results[f"prompted Conductor: worker {w}"] = summarize(outcomes, names)
+    return results

@@ -1,0 +1,82 @@
+"""`TokenizedConductorEnv`: the `rl.loop.Environment` protocol over an `env.gym_env.ConductorEnv` and the Conductor's
+tokenizer, and the per-rollout metrics it reports."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from env.gym_env import ConductorEnv, Scored
+from models.tokenizer import render_chat
+from rl.loop import Rollout
+
+
+def rollout_metrics(scored: Scored) -> dict[str, float]:
+    """The per-rollout numbers the loop averages and the evaluation reports."""
+    metrics = {
+        "valid_format": float(scored.parse_error is None),
+        "correct": float(scored.grade or 0.0),
+        "steps": float(len(scored.workflow.steps)) if scored.workflow else 0.0,
+    }
+    if scored.execution is not None:
+        metrics.update(
+            worker_calls=float(scored.execution.calls),
+            tokens=float(scored.execution.tokens),
+            cost_usd=float(scored.execution.cost_usd),
+            failed_steps=float(scored.execution.failed_steps),
+        )
+    return metrics
+
+
+class TokenizedConductorEnv:
+    """A `ConductorEnv` seen through the Conductor's tokenizer, as `rl.loop.Environment`: prompts through the
+    Conductor's chat template, completions decoded from the generator's own token ids, scores from the env (which
+    owns the reward)."""
+
+    def __init__(self, env: ConductorEnv, tokenizer: Any):
+        self.env = env
+        self.tokenizer = tokenizer
+        self.tasks = env.world.tasks
+        self.num_questions = len(self.tasks)
+        self.question_strata = [task.domain for task in self.tasks]
+        self._prompts: dict[int, list[int]] = {}
+
+    def prompt_ids(self, question: int) -> list[int]:
+        if question not in self._prompts:
+            observation = self.env.observation(self.tasks[question])
+            self._prompts[question] = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
+        return self._prompts[question]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def score(self, questions, completions, contexts, sample_ids) -> list[Rollout]:
+        tasks = [self.tasks[q] for q in questions]
+        scored = self.env.score_batch_sync(
+            tasks, [self.decode(c) for c in completions], sample_indices=list(sample_ids), previous=contexts
+        )
+        rollouts = []
+        oracle = self.env.world.oracle
+        for task, result in zip(tasks, scored):
+            metrics = rollout_metrics(result)
+            if oracle is not None:
+                # Whether the workflow's answer comes from the worker the known optimal plan ends with (a recursion
+                # round that kept its answer: the worker that gave it in an earlier round).
+                execution = result.execution
+                while execution is not None and not execution.steps:
+                    execution = execution.previous
+                final = execution.steps[-1].worker if execution is not None else None
+                metrics["oracle_route"] = float(final == oracle.plans[task.domain].final)
+            followup = None
+            if result.round < self.env.config.recursion_rounds and result.workflow is not None:
+                observation = self.env.observation(task, result)
+                followup = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
+            rollouts.append(
+                Rollout(
+                    reward=result.reward,
+                    metrics=metrics,
+                    workers=tuple(step.worker for step in result.workflow.steps) if result.workflow else (),
+                    context=result,
+                    followup_prompt_ids=followup,
+                )
+            )
+        return rollouts
