@@ -2,9 +2,8 @@
 
 The one exception is the data lookup's last fallback (a `shared/data` folder in the directory that holds the checkout,
 the team's offline copy from before `python -m launch.data fetch` existed): the lines of the one function that builds
-that path, in one of the data lookup's modules, may name it. BUILD_NOTES.md is not scanned: it is the dated record of
-how each figure was measured, and its commands ran from that folder at the time; rewriting them would misstate how
-the figures were obtained.
+that path, in one of the data lookup's modules, may name it. Every other file is scanned, the notes and the experiment
+log included: a command there that once ran from that folder is written as the data lookup finds the files now.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN = ROOT / "docs" / "design.md"
-NOT_SCANNED = {"BUILD_NOTES.md"}
 # The data lookup (`env.tasks.data_files`), and the RouterDC loader, where the lookup lived before it.
 FALLBACK_MODULES = ("env/tasks/data_files.py", "env/tasks/routerdc.py")
 # Used when git is absent (a source archive): the folders .gitignore names, which hold no sources.
@@ -100,7 +98,7 @@ def test_no_file_points_into_a_folder_beside_the_repository():
     allowed = {(module, n) for (module, _), lines in _fallbacks().items() for n in lines}
     offending = []
     for name in _repository_files():
-        if name in NOT_SCANNED or (text := _text(name)) is None:
+        if (text := _text(name)) is None:
             continue
         for number, line, names_design in pointer_lines(text):
             if names_design or (name, number) not in allowed:
@@ -146,7 +144,7 @@ def test_every_citation_of_the_design_names_one_of_its_sections():
     assert headings >= {str(n) for n in range(1, 9)}, f"{DESIGN} lacks numbered sections: {sorted(headings)}"
     unknown = []
     for name in _repository_files():
-        if name in NOT_SCANNED or (text := _text(name)) is None:
+        if (text := _text(name)) is None:
             continue
         for number, line in enumerate(text.splitlines(), start=1):
             for match in _CITATION.finditer(line):
