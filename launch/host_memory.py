@@ -2,9 +2,9 @@
 
 XLA:CPU gives each run of a compiled program one temporary buffer and frees it when the run ends. glibc serves
 blocks that large with `mmap` and returns them with `munmap`, so the next run faults the whole buffer in again and
-the kernel zeroes it page by page. On this project's 2-core machine a quickstart run spent 86 of its 364 CPU-seconds
-in the kernel, and 7 with the settings below (BUILD_NOTES.md, issue 6). The frees come from XLA's worker
-threads. Their per-thread arenas hold at most 64 MB, so three settings are needed together:
+the kernel zeroes it page by page: on a small CPU host that was a large share of a quickstart run's CPU time
+(measurements: docs/decisions/005-host-memory-retained-where-jax-computes-on-the-cpu.md). The frees come from XLA's
+worker threads. Their per-thread arenas hold at most 64 MB, so three settings are needed together:
 - one arena (`arena_max`), so that every thread allocates from the main heap;
 - no `mmap` for blocks below the threshold (`mmap_threshold`), so that they come from that heap;
 - no trimming of the heap's top (`trim_threshold`), so that freed blocks stay mapped for the next call.
@@ -12,17 +12,17 @@ The price is a resident size that stays near its peak.
 
 Only where JAX computes on the host CPU: `JAX_PLATFORMS` names `cpu` first, or, with `JAX_PLATFORMS` unset, no GPU or
 TPU device node is visible. On a GPU host, XLA:GPU's temporary buffers live on the GPU, and the settings slow the
-compiler down, most likely because the one arena serialises its many threads: on a 16-core H200 host, a tiny
-model's first update (its compile) took 7.5-10.1 s with glibc's defaults and did not finish in 46 s with them
-(BUILD_NOTES.md, issue 6). `RETAIN_HOST_MEMORY=1` applies them anyway, `RETAIN_HOST_MEMORY=0` never.
+compiler down, most likely because the one arena serialises its many threads (on a GPU host a tiny model's first
+compile did not finish with them; the same decision page). `RETAIN_HOST_MEMORY=1` applies them anyway,
+`RETAIN_HOST_MEMORY=0` never.
 
 Two ways to apply them, because glibc reads its tunables only when a process starts:
 - `retain_freed_memory(restart=True)`, in an entry point run as `__main__`: the process restarts itself once (same
-  command line, `os.execve`) with `GLIBC_TUNABLES` set, thresholds 64 GiB. Blocks of any size are then reused. An
-  update of a 135M model on 2,048 tokens has a 5.2 GB buffer, and the learner benchmark's one-micro-batch update
-  went from 19.1 s to 11.6 s with it (BUILD_NOTES.md, issue 4). The restarted process removes the variable from
-  its environment, so the programs it starts begin with glibc's defaults (an entry point among them restarts
-  itself in turn). A `GLIBC_TUNABLES` the user set is left alone: no restart, `mallopt` only.
+  command line, `os.execve`) with `GLIBC_TUNABLES` set, thresholds 64 GiB. Blocks of any size are then reused,
+  which matters because one update of even a 135M model on a few thousand tokens needs a temporary buffer of several
+  GB (the learner benchmark's figures with and without it: the same decision page). The restarted process removes
+  the variable from its environment, so the programs it starts begin with glibc's defaults (an entry point among
+  them restarts itself in turn). A `GLIBC_TUNABLES` the user set is left alone: no restart, `mallopt` only.
 - `retain_freed_memory()`, anywhere else (a test session, a module imported by an entry point): `mallopt` in the
   running process. It takes an int, so blocks over 2 GiB are still mapped afresh on every call. An arena limit set
   with `mallopt` only binds threads that have not allocated yet, so call it before importing JAX or torch.

@@ -8,9 +8,8 @@ vocabulary matmul to the backward pass without lowering the peak.
 
 Each chunk's logits are laid out `[vocab, tokens]` (`Transformer.vocab_major_logits`), so log-softmax and entropy
 reduce over the leading axis. XLA:CPU vectorises a reduction across its input's minor axis and runs one along it as
-a scalar loop on one thread: on 2,048 tokens x SmolLM2's 49,152-entry vocabulary, `logsumexp` takes 0.06 s over a
-leading vocabulary axis against 0.33 s over a trailing one, and the tiny Conductor's log-prob pass over 32 rows
-went from 1.38 s to 0.57 s (this machine, 2 cores; BUILD_NOTES.md, issue 4).
+a scalar loop on one thread, so a trailing vocabulary axis would make the log-prob head several times slower on a CPU
+(measurements: docs/decisions/003-vocabulary-major-log-probs.md).
 """
 
 from __future__ import annotations

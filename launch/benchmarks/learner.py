@@ -7,7 +7,7 @@ reported against the float32 matmul rate measured in the same run.
 
 The goal compares the same work: 8 different prompts. A second Flax engine runs the same update in micro-batches of 2
 (exact: the learner sums per-token losses over the global denominator), so each XLA call's temporary buffer is under
-2 GiB, against 5.2 GB for one micro-batch of 8. 2 GiB is what `launch.host_memory` keeps mapped between calls when
+2 GiB, against several GB for one micro-batch of 8. 2 GiB is what `launch.host_memory` keeps mapped between calls when
 the process cannot restart with glibc tunables (when the user set a `GLIBC_TUNABLES` of their own). A third runs the
 update on the batch GRPO actually produces, 2 groups of 4 completions that share their group's prompt, which the
 learner encodes once per group (`LearnerConfig.share_prompts`); its tokens/s counts the full rows, since the update
@@ -18,9 +18,10 @@ over a mesh of every process's devices, each device taking the single-device fig
 micro-batch grow with the device count); process 0 prints the report.
 
 The torch step runs in a process of its own, driven step by step from this one so the engines still alternate, and
-every engine takes `WARMUP_UPDATES` untimed updates. The one-micro-batch update faults its 5.2 GB buffer in afresh
-on each of its first two calls; with one warm-up, and beside torch in one glibc heap, some runs kept faulting (a
-~4.9 s update then took 6.5-12 s).
+every engine takes `WARMUP_UPDATES` untimed updates. The one-micro-batch update faults its buffer in afresh on each
+of its first two calls; with one warm-up, and beside torch in one glibc heap, some runs kept faulting and the headline
+figure was bimodal (docs/decisions/011-how-the-learner-benchmark-measures.md; the current figures: BUILD_NOTES.md,
+Current results).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ from rl.trajectories import build
 
 BATCH, PROMPT, COMPLETION, REPEATS = 8, 128, 128, 3
 # Untimed updates per engine before the timed ones. The first compiles; the first two both map and fault in fresh
-# heap pages for their temporary buffers (1.4-1.5M minor faults each for the one-micro-batch update, 10-20 s against
-# ~5 s once glibc reuses the freed blocks).
+# heap pages for their temporary buffers, several times slower than once glibc reuses the freed blocks
+# (scripts/learner_update_faults.py; docs/decisions/011-how-the-learner-benchmark-measures.md).
 WARMUP_UPDATES = 2
 GROUPS = 2
 MICRO_BATCH = 2
@@ -70,8 +71,9 @@ QWEN25_1_5B = {
 }  # fmt: skip
 ACCELERATOR_SHAPE = dict(batch=8, prompt=512, completion=512, micro_batch=2)
 ACCELERATOR_MATMUL_SIZE = 8192
-# One matmul per call would time the launch and the host's wait with it: an 8192^3 bf16 matmul takes ~1.4 ms on an
-# H200, and one per call measured 521.6 TFLOP/s there, against the 769-798 this workplace saw through torch.
+# One matmul per call would time the launch and the host's wait with it: an 8192^3 bf16 matmul takes about a
+# millisecond on a current GPU, and one per call measured well under the peak seen through torch
+# (docs/decisions/011-how-the-learner-benchmark-measures.md).
 ACCELERATOR_CHAINED_MATMULS = 8
 
 

@@ -134,7 +134,7 @@ def test_the_learner_parts_update_flops_match_a_hand_count_and_the_h200_figures(
     flops = learner_suite._update_flops(learner_suite.QWEN25_1_5B, tokens, 1024, 8 * 512)
     assert flops == matmuls + head + attention == 74_463_458_623_488  # 74.46 TFLOP
     # The H200 run of 2026-11-26: 0.298 s per update, MFU 0.479 against the 521.6 TFLOP/s its one-matmul-per-call
-    # peak measured (BUILD_NOTES.md, issue 6, "On a GPU").
+    # peak measured (docs/log/2026-11-26-h200.md).
     assert flops / 0.298 / 1e12 == pytest.approx(249.9, abs=0.05)
     assert flops / 0.298 / 521.6e12 == pytest.approx(0.479, abs=0.0005)
 
