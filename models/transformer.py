@@ -227,8 +227,8 @@ class Transformer(nnx.Module):
         batch, length = tokens.shape
         # The layers see tokens flattened to [B * T, hidden], so every projection is a 2-D matmul. Autodiff of a
         # [B, T, in] x [in, out] product contracts the weight gradient over two leading axes, which XLA:CPU lays out
-        # through a transposed copy of the fused cotangent; the 2-D form runs as one plain GEMM (SmolLM2-sized MLP
-        # forward + backward at 2048 tokens: 303 ms -> 225 ms).
+        # through a transposed copy of the fused cotangent; the 2-D form runs as one plain GEMM
+        # (docs/decisions/029-learner-layers-on-flattened-tokens.md).
         x = self.embed_tokens(tokens).reshape(batch * length, config.hidden_size)
         cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
         mask = attention_mask_4d(attention_mask.astype(jnp.bool_))
@@ -270,7 +270,7 @@ class Transformer(nnx.Module):
 
         For reductions over the vocabulary (log-softmax, entropy): XLA:CPU vectorises a reduction across the minor
         axis of its input, not along it, so summing over a leading vocabulary axis runs several times faster than
-        over a trailing one (`models.logprobs` has the figures).
+        over a trailing one (docs/decisions/003-vocabulary-major-log-probs.md has the figures).
         """
         dtype = self.config.dtype
         if self.config.tie_word_embeddings:
