@@ -31,7 +31,7 @@ from env.tasks.data_files import (
 )
 from env.tasks.routerdc import ROUTERDC_FILES
 
-# Own FlagValues: the launchers' global --data_dir (launch.common) is not redefined, and nothing here leaks into
+# Own FlagValues: the launchers' global --data_dir (launch.flag_groups.world) is not redefined, and nothing here leaks into
 # their flags.
 DATA_FLAGS = flags.FlagValues()
 _DATA_DIR = flags.DEFINE_string(

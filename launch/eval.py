@@ -6,8 +6,8 @@
 
 Every method runs through the same env: the Conductor's completions and the baselines' fixed workflows are parsed,
 executed over the world's pool (through `--cache` when given, so a rerun makes no provider calls), graded and
-summarized by `launch.outcomes`, `launch.baselines` and `launch.report`. Writes results.json, results.md and accuracy_tokens.png to `--out_dir` and
-prints the markdown.
+summarized (`launch.outcomes`, `launch.baselines`, `launch.report`). Writes results.json, results.md and
+accuracy_tokens.png to `--out_dir` and prints the markdown.
 """
 
 from __future__ import annotations
@@ -24,8 +24,16 @@ import pathlib
 
 from absl import app, flags
 
-from launch import common, console
-from launch.baselines import BASELINES, BaselineConfig, run_baselines
+from launch import console
+from launch.baselines import BASELINES, run_baselines
+from launch.conductor import load_conductor
+from launch.conductor_env import build_env
+from launch.flag_groups import baselines as baseline_flags
+from launch.flag_groups import conductor as conductor_flags
+from launch.flag_groups import environment as environment_flags
+from launch.flag_groups import generator as generator_flags
+from launch.flag_groups import sampling as sampling_flags
+from launch.generators import build_generator, share_gpu_with_torch_generator
 from launch.loop_environment import TokenizedConductorEnv
 from launch.outcomes import conductor_outcomes
 from launch.report import summarize, write_report
@@ -41,17 +49,6 @@ _CONDUCTOR_TEMPERATURE = flags.DEFINE_float(
     "Sampling temperature of the evaluated Conductor. The default 0 is greedy decoding: how a trained Conductor is "
     "evaluated, and what launch.serve tries first.",
 )
-_MOA_LAYERS = flags.DEFINE_integer("moa_layers", 1, "Mixture-of-Agents layers (every worker proposes in each).")
-_REFLECTION_REVISIONS = flags.DEFINE_integer("reflection_revisions", 2, "Revisions of the self-reflection baseline.")
-_CONSENSUS_SAMPLES = flags.DEFINE_integer("consensus_samples", 3, "Independent samples of the consensus baseline.")
-_BASELINE_WORKER = flags.DEFINE_integer(
-    "baseline_worker", None,
-    "Worker of self-reflection and consensus and aggregator of MoA (default: the best single worker of this run).",
-)
-_PROMPTED_CONDUCTORS = flags.DEFINE_list(
-    "prompted_conductors", ["0"], "Pool workers each prompted as an untrained Conductor."
-)
-
 
 def main(argv: list[str]) -> None:
     del argv
@@ -60,28 +57,22 @@ def main(argv: list[str]) -> None:
     if unknown:
         raise app.UsageError(f"unknown --methods {unknown}; choose from conductor, {', '.join(BASELINES)}")
     out_dir = pathlib.Path(_OUT_DIR.value)
-    env = common.build_env()
+    env = build_env(environment_flags.from_flags())
     names = [worker.name for worker in env.world.pool]
     results = {}
     if "conductor" in _METHODS.value:
-        _, tokenizer, model_dir = common.load_conductor(out_dir / "conductor")
-        generator, _ = common.build_generator(model_dir, out_dir)
-        params = dataclasses.replace(common.conductor_sampling_params(model_dir), temperature=_CONDUCTOR_TEMPERATURE.value)
+        generation = generator_flags.from_flags()
+        share_gpu_with_torch_generator(generation)  # before JAX's first computation
+        _, tokenizer, model_dir = load_conductor(conductor_flags.from_flags(), out_dir / "conductor")
+        generator, _ = build_generator(generation, model_dir, out_dir)
+        trained = sampling_flags.from_flags(trained_conductor=model_dir)
+        params = dataclasses.replace(trained, temperature=_CONDUCTOR_TEMPERATURE.value)
         try:
             outcomes = conductor_outcomes(generator, TokenizedConductorEnv(env, tokenizer), params, _REPEATS.value)
         finally:
             generator.close()
         results[f"Conductor ({flags.FLAGS.conductor})"] = summarize(outcomes, names)
-    config = BaselineConfig(
-        baselines=tuple(method for method in _METHODS.value if method in BASELINES),
-        moa_layers=_MOA_LAYERS.value,
-        reflection_revisions=_REFLECTION_REVISIONS.value,
-        consensus_samples=_CONSENSUS_SAMPLES.value,
-        worker=_BASELINE_WORKER.value,
-        prompted_conductors=tuple(int(w) for w in _PROMPTED_CONDUCTORS.value),
-        prompted_max_tokens=common.sampling_params().max_new_tokens,
-        seed=common.seed(),
-    )
+    config = baseline_flags.from_flags([method for method in _METHODS.value if method in BASELINES])
     if config.baselines:
         results.update(run_baselines(env, config, _REPEATS.value))
     env.close()

@@ -51,7 +51,13 @@ from env.tasks.base import Task
 from env.workers.base import Worker
 from env.workers.cache import ResponseCache
 from env.workflow import AccessMode, Step, Workflow, WorkflowFormatError, check_settings, parse_workflow
-from launch import common
+from launch.conductor import load_conductor
+from launch.conductor_env import build_env
+from launch.flag_groups import conductor as conductor_flags
+from launch.flag_groups import environment as environment_flags
+from launch.flag_groups import generator as generator_flags
+from launch.flag_groups import sampling as sampling_flags
+from launch.generators import build_generator, share_gpu_with_torch_generator
 from models.tokenizer import render_chat
 from rollout.types import SamplingParams
 
@@ -484,15 +490,17 @@ def _usage(answer: Answer) -> dict[str, int]:
 
 def build_server() -> ChatServer:
     """The server the flags describe: `--world`'s pool and cache, `--conductor` on `--generator`."""
-    env = common.build_env()
+    generation = generator_flags.from_flags()
+    share_gpu_with_torch_generator(generation)  # before JAX's first computation
+    env = build_env(environment_flags.from_flags())
     work_dir = pathlib.Path(_WORK_DIR.value)
-    _, tokenizer, model_dir = common.load_conductor(work_dir / "conductor")
-    generator, _ = common.build_generator(model_dir, work_dir)
+    _, tokenizer, model_dir = load_conductor(conductor_flags.from_flags(), work_dir / "conductor")
+    generator, _ = build_generator(generation, model_dir, work_dir)
     config = ServeConfig(
         model_name=_MODEL_NAME.value,
         max_steps=env.config.max_steps,
         access_mode=env.config.access_mode,
-        sampling=common.conductor_sampling_params(model_dir),
+        sampling=sampling_flags.from_flags(trained_conductor=model_dir),
         executor=env.config.executor,
         format_attempts=_FORMAT_ATTEMPTS.value,
     )

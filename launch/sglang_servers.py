@@ -33,22 +33,34 @@ import time
 import httpx
 from absl import app, flags
 
+from launch.flag_groups import field_values
+
 # SGLang's --dtype choices (sglang/srt/arg_groups/fields/model.py).
 SERVER_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 
-_MODEL_DIR = flags.DEFINE_string("model_dir", None, "HF model directory every server loads.")
-_NUM_SERVERS = flags.DEFINE_integer("num_servers", 1, "How many servers to start.")
-_TP_SIZE = flags.DEFINE_integer("tp_size", 1, "GPUs per server (tensor parallel size).")
-_FIRST_GPU = flags.DEFINE_integer("first_gpu", 0, "Server i uses GPUs first_gpu + i*tp_size ... + tp_size - 1.")
-_HOST = flags.DEFINE_string("sglang_host", "127.0.0.1", "Interface the servers listen on.")
-_BASE_PORT = flags.DEFINE_integer("base_port", 30000, "Server i listens on base_port + i.")
-_MEM_FRACTION = flags.DEFINE_float("mem_fraction_static", 0.8, "GPU memory share for weights and KV cache.")
-_SERVER_DTYPE = flags.DEFINE_enum(
-    "server_dtype", "bfloat16", list(SERVER_DTYPES),
-    "SGLang's --dtype: what the servers hold weights in, and so what the learner sends (auto: the model config's).",
-)
-_WEIGHT_VERSION = flags.DEFINE_integer("weight_version", 0, "Policy version the servers report until updated.")
-_SGLANG_PYTHON = flags.DEFINE_string("sglang_python", sys.executable, "Python of the environment SGLang is in.")
+# Each of `server_commands`' arguments and the flag that sets it.
+_SERVER_ARGUMENTS = {
+    "model_dir": flags.DEFINE_string("model_dir", None, "HF model directory every server loads."),
+    "num_servers": flags.DEFINE_integer("num_servers", 1, "How many servers to start."),
+    "tp_size": flags.DEFINE_integer("tp_size", 1, "GPUs per server (tensor parallel size)."),
+    "first_gpu": flags.DEFINE_integer(
+        "first_gpu", 0, "Server i uses GPUs first_gpu + i*tp_size ... + tp_size - 1."
+    ),
+    "host": flags.DEFINE_string("sglang_host", "127.0.0.1", "Interface the servers listen on."),
+    "base_port": flags.DEFINE_integer("base_port", 30000, "Server i listens on base_port + i."),
+    "mem_fraction_static": flags.DEFINE_float(
+        "mem_fraction_static", 0.8, "GPU memory share for weights and KV cache."
+    ),
+    "dtype": flags.DEFINE_enum(
+        "server_dtype", "bfloat16", list(SERVER_DTYPES),
+        "SGLang's --dtype: what the servers hold weights in, and so what the learner sends (auto: the model "
+        "config's).",
+    ),
+    "weight_version": flags.DEFINE_integer(
+        "weight_version", 0, "Policy version the servers report until updated."
+    ),
+    "sglang_python": flags.DEFINE_string("sglang_python", sys.executable, "Python of the environment SGLang is in."),
+}
 _STARTUP_TIMEOUT = flags.DEFINE_float("startup_timeout_s", 900.0, "How long to wait for every /health.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the commands and exit.")
 
@@ -110,19 +122,9 @@ def wait_until_healthy(urls: list[str], processes: list[subprocess.Popen], timeo
 
 def main(argv: list[str]) -> None:
     del argv
-    commands = server_commands(
-        model_dir=_MODEL_DIR.value,
-        num_servers=_NUM_SERVERS.value,
-        tp_size=_TP_SIZE.value,
-        first_gpu=_FIRST_GPU.value,
-        host=_HOST.value,
-        base_port=_BASE_PORT.value,
-        mem_fraction_static=_MEM_FRACTION.value,
-        dtype=_SERVER_DTYPE.value,
-        weight_version=_WEIGHT_VERSION.value,
-        sglang_python=_SGLANG_PYTHON.value,
-    )
-    urls = [f"http://{_HOST.value}:{_BASE_PORT.value + i}" for i in range(len(commands))]
+    arguments = field_values(_SERVER_ARGUMENTS)
+    commands = server_commands(**arguments)
+    urls = [f"http://{arguments['host']}:{arguments['base_port'] + i}" for i in range(len(commands))]
     for env, command in commands:
         print(" ".join(f"{key}={value}" for key, value in env.items()), " ".join(command))
     if _DRY_RUN.value:

@@ -64,7 +64,7 @@ from launch.benchmarks import learner as learner_suite
 from launch.benchmarks import sync as sync_suite
 from launch.benchmarks.common import Report
 from launch.benchmarks.e2e import GOAL_LEARN_SYNC_SHARE, PHASES
-from launch.common import JAX_ALLOCATOR_VARIABLES
+from launch.generators import JAX_ALLOCATOR_VARIABLES
 from models import zoo
 from models.config import ModelConfig
 from models.transformer import Transformer

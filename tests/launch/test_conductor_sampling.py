@@ -7,7 +7,8 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
-from launch import common
+from launch.conductor import save_trained_sampling
+from launch.flag_groups import sampling as sampling_flags
 from rollout.types import SamplingParams
 
 
@@ -15,15 +16,15 @@ pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
 
 
 def test_the_trained_limit_and_temperature_apply_unless_given_on_the_command_line(tmp_path):
-    common.save_trained_sampling(tmp_path, SamplingParams(temperature=0.7, max_new_tokens=64))
+    save_trained_sampling(tmp_path, SamplingParams(temperature=0.7, max_new_tokens=64))
     with flagsaver.flagsaver():
         flags.FLAGS(["eval"])
-        trained = common.conductor_sampling_params(tmp_path)
-        untrained = common.conductor_sampling_params(tmp_path / "untrained")
+        trained = sampling_flags.from_flags(trained_conductor=tmp_path)
+        untrained = sampling_flags.from_flags(trained_conductor=tmp_path / "untrained")
         flags.FLAGS(["eval", "--max_tokens=32"])
-        only_limit = common.conductor_sampling_params(tmp_path)
+        only_limit = sampling_flags.from_flags(trained_conductor=tmp_path)
         flags.FLAGS(["eval", "--max_tokens=32", "--temperature=0.5"])
-        both = common.conductor_sampling_params(tmp_path)
+        both = sampling_flags.from_flags(trained_conductor=tmp_path)
     assert (trained.max_new_tokens, trained.temperature) == (64, 0.7)
     assert (untrained.max_new_tokens, untrained.temperature) == (1024, 1.0)  # the flags' defaults
     assert (only_limit.max_new_tokens, only_limit.temperature) == (32, 0.7)

@@ -1,5 +1,5 @@
-"""Every flagfile shipped in launch/configs/ parses against `launch.train`'s flags (a renamed flag breaks it); a
-`launch.sft` flagfile (one that sets --sft_out) too, since `launch.train` defines the warm-start's flags."""
+"""Every flagfile shipped in launch/configs/ parses against the flags of `launch.train` and `launch.sft` (a renamed
+flag breaks it): a training flagfile and a `launch.sft` one (one that sets --sft_out)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from absl.testing import flagsaver
 
 # Every launcher is imported: importing one (for its functions, as tests do) must not make a flag of its own
 # required in other programs' parses of the global FLAGS.
-from launch import benchmark, sglang_servers, train  # noqa: F401  (train defines the flags the flagfiles set)
+from launch import benchmark, sft, sglang_servers, train  # noqa: F401  (train and sft define the flagfiles' flags)
 
 CONFIGS = sorted((pathlib.Path(__file__).resolve().parents[2] / "launch" / "configs").glob("*.cfg"))
 

@@ -14,7 +14,8 @@ from absl.testing import flagsaver
 
 from env.tasks.data_files import DATA_DIR_ENV, RemoteDataset
 from env.worlds import PaperWorldConfig
-from launch import common, data
+from launch import data
+from launch.flag_groups import world as world_flags
 from tests.env.test_data_files import PAYLOADS, server, tiny_dataset  # noqa: F401 (server: a fixture, used by name)
 
 
@@ -117,10 +118,10 @@ def test_data_dir_feeds_the_replay_and_paper_worlds(tmp_path, isolated):
     (tmp_path / "routerdc" / "tiny_test.json").write_text(json.dumps([{"question": "Q", "scores": {"m": 1}}]))
     (tmp_path / "math500").mkdir()
     with flagsaver.flagsaver(world="replay", data_dir=str(tmp_path)):
-        assert common.world_config(["tiny_test"]).data_dir == str(tmp_path / "routerdc")
+        assert world_flags.from_flags(["tiny_test"]).data_dir == str(tmp_path / "routerdc")
     with flagsaver.flagsaver(world="paper", data_dir=str(tmp_path)):
-        assert common.world_config(["math500", "mmlu:/elsewhere/mmlu.parquet", "rlpr"]).tasks == (
+        assert world_flags.from_flags(["math500", "mmlu:/elsewhere/mmlu.parquet", "rlpr"]).tasks == (
             ("math500", str(tmp_path / "math500")), ("mmlu", "/elsewhere/mmlu.parquet"), ("rlpr", None)
         )
     with flagsaver.flagsaver(world="replay"):
-        assert common.world_config(["tiny_test"]).data_dir is None  # env.tasks searches when the world is built
+        assert world_flags.from_flags(["tiny_test"]).data_dir is None  # env.tasks searches when the world is built

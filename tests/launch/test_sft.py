@@ -1,5 +1,5 @@
-"""`launch.sft`: the command's output, and its decision-probe labels (the probe reads the state that chooses the
-first worker id)."""
+"""`launch.sft` and its teachers (`launch.teachers`): the command's output, the teachers' examples and their
+decision-probe labels (the probe reads the state that chooses the first worker id)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import sys
 
 import numpy as np
 import pytest
-from absl.testing import flagsaver
 from flax import nnx
 
 from env.executor import ExecutorConfig
@@ -21,7 +20,8 @@ from env.workers.replay import ROUTERDC_MODELS
 from env.workflow import parse_workflow
 from env.tasks.synthetic import DOMAINS
 from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, build_world
-from launch import sft
+from launch import teachers
+from launch.teachers import TeacherConfig
 from launch.loop_environment import TokenizedConductorEnv
 from models import ModelConfig, Transformer, zoo
 from models.testing import tiny_config
@@ -40,22 +40,24 @@ def _tiny_model():
 @pytest.fixture(scope="module")
 def world():
     tokenizer = load_tokenizer(zoo.smollm2_135m_instruct())
-    return TokenizedConductorEnv(ConductorEnv(build_world(SyntheticWorldConfig(num_workers=4, num_tasks=12))), tokenizer)
+    env = ConductorEnv(build_world(SyntheticWorldConfig(num_workers=4, num_tasks=12)))
+    return TokenizedConductorEnv(env, tokenizer)
 
 
 def test_first_worker_token_is_the_token_that_writes_the_first_id(world):
     tokenizer = world.tokenizer
     text = 'Plan first.\n\nmodel_id = [3, 1]\nsubtasks = ["a", "b"]\naccess_list = [[], "all"]'
     ids = tokenizer.encode(text, add_special_tokens=False)
-    index = sft.first_worker_token(tokenizer, ids)
+    index = teachers.first_worker_token(tokenizer, ids)
     assert "3" not in tokenizer.decode(ids[:index]).split("[")[-1]
     assert tokenizer.decode(ids[: index + 1]).endswith("model_id = [3")
-    assert sft.first_worker_token(tokenizer, tokenizer.encode("no workflow here", add_special_tokens=False)) is None
+    no_workflow = tokenizer.encode("no workflow here", add_special_tokens=False)
+    assert teachers.first_worker_token(tokenizer, no_workflow) is None
 
 
 def test_template_examples_label_every_example_with_its_questions_domain(world):
-    examples = sft.template_examples(world, 24, random.Random(0), probe=True)
-    labels = sft.domain_labels(world)
+    examples = teachers.template_examples(world, 24, random.Random(0), probe=True)
+    labels = teachers.domain_labels(world)
     assert labels == {domain: index for index, domain in enumerate(sorted(DOMAINS))}
     questions = {tuple(world.prompt_ids(q)): q for q in range(world.num_questions)}
     for example in examples:
@@ -63,7 +65,7 @@ def test_template_examples_label_every_example_with_its_questions_domain(world):
         assert example.probe_label == labels[task.domain]
         chosen = world.tokenizer.decode(list(example.completion_ids[example.probe_index : example.probe_index + 1]))
         assert chosen.strip().isdigit()
-    assert all(e.probe_index is None for e in sft.template_examples(world, 4, random.Random(0)))
+    assert all(e.probe_index is None for e in teachers.template_examples(world, 4, random.Random(0)))
 
 
 def test_rollout_examples_label_the_logged_workflows_that_name_a_worker(world, tmp_path):
@@ -76,8 +78,8 @@ def test_rollout_examples_label_the_logged_workflows_that_name_a_worker(world, t
         {"question": 7, "round": 0, "reward": 0.0, "completion_ids": workflow_ids},
     ]
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
-    labelled, unlabelled = sft.rollout_examples(world, str(path), min_reward=1.0, probe=True)
-    assert labelled.probe_label == sft.domain_labels(world)[world.tasks[5].domain]
+    labelled, unlabelled = teachers.rollout_examples(world, str(path), min_reward=1.0, probe=True)
+    assert labelled.probe_label == teachers.domain_labels(world)[world.tasks[5].domain]
     assert world.tokenizer.decode(list(workflow_ids[labelled.probe_index : labelled.probe_index + 1])).strip() == "2"
     assert (unlabelled.probe_index, unlabelled.probe_label) == (None, None)
 
@@ -103,8 +105,8 @@ def _drawn_questions(world: TokenizedConductorEnv, count: int, seed: int) -> lis
 
 def test_world_examples_weight_every_route_of_a_question_by_its_expected_grade():
     world = _replay_world(expected_grades=True)
-    with flagsaver.flagsaver(sft_templates=["single"]):
-        examples = sft.world_examples(world, 3 * len(ROUTERDC_MODELS), random.Random(0), probe=True)
+    single = TeacherConfig(teacher="world", templates=("single",))
+    examples = teachers.world_examples(world, 3 * len(ROUTERDC_MODELS), random.Random(0), single, probe=True)
     drawn = _drawn_questions(world, 3, seed=0)
     # Each question's routes are consecutive, worker 0 to 6, weight 0 included (the trainer batches them whole).
     assert [_route(world, e) for e in examples] == [(q, w) for q in drawn for w in range(len(ROUTERDC_MODELS))]
@@ -112,7 +114,7 @@ def test_world_examples_weight_every_route_of_a_question_by_its_expected_grade()
         question, worker = _route(world, example)
         assert example.weight == pytest.approx(world.tasks[question].metadata["scores"][ROUTERDC_MODELS[worker]],
                                                abs=1e-7)  # fmt: skip
-        assert example.probe_label == sft.domain_labels(world)[world.tasks[question].domain]
+        assert example.probe_label == teachers.domain_labels(world)[world.tasks[question].domain]
     assert 0.0 in {e.weight for e in examples}  # a route that is never right stays, with weight 0
     batch = SupervisedTrainer(_tiny_model(), SFTConfig()).batch(examples[: 2 * len(ROUTERDC_MODELS)], pad_id=0)
     assert batch.prompt_block_size(batch.batch_size) == len(ROUTERDC_MODELS)
@@ -120,8 +122,8 @@ def test_world_examples_weight_every_route_of_a_question_by_its_expected_grade()
 
 def test_world_examples_with_drawn_grades_weight_the_right_answers_only():
     world = _replay_world(expected_grades=False)
-    with flagsaver.flagsaver(sft_templates=["single"]):
-        examples = sft.world_examples(world, 20 * len(ROUTERDC_MODELS), random.Random(1))
+    single = TeacherConfig(teacher="world", templates=("single",))
+    examples = teachers.world_examples(world, 20 * len(ROUTERDC_MODELS), random.Random(1), single)
     assert {e.weight for e in examples} == {0.0, 1.0}
     # 140 drawn routes: the right share is the mean recorded score of the routes tried (standard error <= 0.043)
     tried = [
@@ -135,18 +137,18 @@ def test_world_examples_with_drawn_grades_weight_the_right_answers_only():
 
 
 def test_route_weights_by_grade_or_by_the_positive_part_of_the_grade_over_the_question_mean():
-    assert sft.route_weights([1.0, 0.0, 1.0, 1.0], "grade") == [1.0, 0.0, 1.0, 1.0]
-    assert sft.route_weights([1.0, 0.0, 1.0, 1.0], "advantage") == pytest.approx([0.25, 0.0, 0.25, 0.25])
-    assert sft.route_weights([0.2, 0.8, 0.5], "advantage") == pytest.approx([0.0, 0.3, 0.0])
-    assert sft.route_weights([1.0, 1.0, 1.0], "advantage") == [0.0, 0.0, 0.0]  # nothing to learn about routing
+    assert teachers.route_weights([1.0, 0.0, 1.0, 1.0], "grade") == [1.0, 0.0, 1.0, 1.0]
+    assert teachers.route_weights([1.0, 0.0, 1.0, 1.0], "advantage") == pytest.approx([0.25, 0.0, 0.25, 0.25])
+    assert teachers.route_weights([0.2, 0.8, 0.5], "advantage") == pytest.approx([0.0, 0.3, 0.0])
+    assert teachers.route_weights([1.0, 1.0, 1.0], "advantage") == [0.0, 0.0, 0.0]  # nothing to learn about routing
     with pytest.raises(ValueError, match="unknown route weighting"):
-        sft.route_weights([1.0], "rank")
+        teachers.route_weights([1.0], "rank")
 
 
 def test_advantage_weighted_world_examples_weight_each_route_by_its_lead_over_the_question_mean():
     world = _replay_world(expected_grades=True)
-    with flagsaver.flagsaver(sft_templates=["single"], sft_world_weights="advantage"):
-        examples = sft.world_examples(world, 6 * len(ROUTERDC_MODELS), random.Random(3))
+    advantage = TeacherConfig(teacher="world", templates=("single",), world_weights="advantage")
+    examples = teachers.world_examples(world, 6 * len(ROUTERDC_MODELS), random.Random(3), advantage)
     for example in examples:
         question, worker = _route(world, example)
         scores = world.tasks[question].metadata["scores"]
@@ -157,8 +159,8 @@ def test_advantage_weighted_world_examples_weight_each_route_by_its_lead_over_th
 
 def test_stratified_world_examples_draw_the_task_domains_equally():
     world = _replay_world(expected_grades=True)  # 10 GSM8K and 10 ARC-Challenge questions
-    with flagsaver.flagsaver(sft_templates=["single"], stratify_questions=True):
-        examples = sft.world_examples(world, 8 * len(ROUTERDC_MODELS), random.Random(2))
+    stratified = TeacherConfig(teacher="world", templates=("single",), stratify_questions=True)
+    examples = teachers.world_examples(world, 8 * len(ROUTERDC_MODELS), random.Random(2), stratified)
     drawn = question_order(world.num_questions, random.Random(2).randrange(2**31), 0, 8, world.question_strata)
     assert collections.Counter(world.tasks[q].domain for q in drawn) == {"gsm8k": 4, "arc_challenge": 4}
     assert {_route(world, e)[0] for e in examples} <= set(drawn)

@@ -6,7 +6,8 @@ import subprocess
 import pytest
 from absl.testing import flagsaver
 
-from launch import common
+from launch.flag_groups import generator as generator_flags
+from launch.generators import sglang_config
 from launch.sglang_servers import server_commands
 from rollout.sglang_generator import SGLangConfig, SGLangGenerator
 from tests.sglang_reference_server import ReferenceServer, parsed_server_args
@@ -81,18 +82,18 @@ REMOTE_URLS = ["http://10.0.0.2:30000", "http://10.0.0.3:30000"]
 @pytest.mark.usefixtures("parsed_flags")
 def test_sglang_sync_flags_reach_the_client_config(tmp_path):
     with flagsaver.flagsaver(
-        sglang_urls=REMOTE_URLS, sync="nccl", sglang_server_tp_sizes=["2", "1"], sglang_master_address="10.0.0.1",
-        sglang_master_port=29700, sglang_sync_backend="gloo", sglang_rendezvous_timeout_s=30.0,
+        generator="sglang", sglang_urls=REMOTE_URLS, sync="nccl", sglang_server_tp_sizes=["2", "1"],
+        sglang_master_address="10.0.0.1", sglang_master_port=29700, sglang_sync_backend="gloo", sglang_rendezvous_timeout_s=30.0,
         sglang_weight_dtype="bfloat16",
     ):
-        config = common.sglang_config(tmp_path / "model", tmp_path / "logs")
+        config = sglang_config(generator_flags.from_flags(), tmp_path / "model", tmp_path / "logs")
     assert (config.urls, config.weight_update, config.server_tp_sizes, config.world_size) == (
         tuple(REMOTE_URLS), "distributed", (2, 1), 4
     )
     assert (config.master_address, config.master_port, config.backend) == ("10.0.0.1", 29700, "gloo")
     assert (config.rendezvous_timeout_s, config.weight_dtype) == (30.0, "bfloat16")
-    with flagsaver.flagsaver(sglang_urls=REMOTE_URLS, sync="disk"):
-        config = common.sglang_config(tmp_path / "model", tmp_path / "logs")
+    with flagsaver.flagsaver(generator="sglang", sglang_urls=REMOTE_URLS, sync="disk"):
+        config = sglang_config(generator_flags.from_flags(), tmp_path / "model", tmp_path / "logs")
     # Unset, the tp sizes, the rendezvous address and the dtype come from the servers.
     assert (config.server_tp_sizes, config.master_address, config.weight_dtype) == (None, None, None)
     assert config.checkpoint_root == str(tmp_path / "logs" / "sync")
@@ -111,6 +112,6 @@ def test_sglang_sync_flags_reach_the_client_config(tmp_path):
     ],
 )
 def test_bad_sglang_sync_flags_are_rejected_before_any_server_is_asked(tmp_path, bad_flags, message):
-    with flagsaver.flagsaver(sglang_urls=REMOTE_URLS, sync="nccl", **bad_flags):
+    with flagsaver.flagsaver(generator="sglang", sglang_urls=REMOTE_URLS, sync="nccl", **bad_flags):
         with pytest.raises(ValueError, match=message):
-            common.sglang_config(tmp_path / "model", tmp_path / "logs")
+            sglang_config(generator_flags.from_flags(), tmp_path / "model", tmp_path / "logs")

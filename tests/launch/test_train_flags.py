@@ -1,4 +1,4 @@
-"""`launch.train`'s optimizer flags reach the learner's config (the rest of the flags are exercised end to end)."""
+"""The flag groups' flags reach their configs (`launch.flag_groups`; the rest of the flags are exercised end to end)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,34 @@ from absl.testing import flagsaver
 from env.gym_env import ConductorEnv
 from env.tasks import sandbox
 from env.worlds import SyntheticWorldConfig, build_world
-from launch import common, sft, train
+from launch import conductor_env, generators
+from launch.flag_groups import environment as environment_flags
+from launch.flag_groups import generator as generator_flags
+from launch.flag_groups import learner as learner_flags
+from launch.flag_groups import loop as loop_flags
+from launch.flag_groups import sampling as sampling_flags
+from launch.flag_groups import supervised as supervised_flags
+from launch.flag_groups import teacher as teacher_flags
 from launch.loop_environment import TokenizedConductorEnv
+from launch.teachers import TeacherConfig, domain_labels
 from models import zoo
 from models.tokenizer import load_tokenizer
 from rl.loop import LoopConfig
+from rl.learner import LearnerConfig
 
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
+
+
+def learner_config(recursion_rounds: int = 0) -> LearnerConfig:
+    """The learner's config from the flags, for the loop's batches (by default 4 questions x 8 completions, so 32
+    rows), sampled with at most 64 tokens."""
+    with flagsaver.flagsaver(max_tokens=64):
+        return learner_flags.from_flags(loop_flags.from_flags(recursion_rounds), sampling_flags.from_flags())
+
+
+def build_env():
+    return conductor_env.build_env(environment_flags.from_flags())
 
 
 def test_optimizer_flags_reach_the_learner_config():
@@ -28,7 +48,7 @@ def test_optimizer_flags_reach_the_learner_config():
         adam_b1=0.8, adam_b2=0.95, adam_eps=1e-5, weight_decay=0.01, lr=3e-4, lr_schedule="constant",
         warmup_ratio=0.1, iterations=10, mini_batch_size=8, ppo_epochs=2, max_grad_norm=0.5,
     ):
-        config = train.learner_config(max_rows=32, max_completion_tokens=64)
+        config = learner_config()
     optimizer = config.optimizer
     assert (optimizer.b1, optimizer.b2, optimizer.eps, optimizer.weight_decay) == (0.8, 0.95, 1e-5, 0.01)
     assert (optimizer.learning_rate, optimizer.schedule, optimizer.max_grad_norm) == (3e-4, "constant", 0.5)
@@ -49,57 +69,57 @@ def test_with_recursion_rounds_the_schedule_spans_the_largest_batch():
     loop = LoopConfig(iterations=20, questions_per_step=4, group_size=8, recursion_rounds=2)
     assert loop.max_rows == 96
     with flagsaver.flagsaver(iterations=20, mini_batch_size=8, warmup_ratio=0.05):
-        optimizer = train.learner_config(max_rows=loop.max_rows, max_completion_tokens=64).optimizer
+        optimizer = learner_config(recursion_rounds=2).optimizer
     assert (optimizer.total_steps, optimizer.warmup_steps) == (240, 12)
     with flagsaver.flagsaver(iterations=20, mini_batch_size=7):  # 96 rows: 13 mini-batches of 7 and one of 5
-        assert train.learner_config(max_rows=96, max_completion_tokens=64).optimizer.total_steps == 20 * 14
+        assert learner_config(recursion_rounds=2).optimizer.total_steps == 20 * 14
 
 
 def test_old_logprobs_flag_reaches_the_learner_config():
-    assert train.learner_config(32, 64).old_logprobs == "recompute"
+    assert learner_config().old_logprobs == "recompute"
     with flagsaver.flagsaver(old_logprobs="sampler"):
-        assert train.learner_config(32, 64).old_logprobs == "sampler"
+        assert learner_config().old_logprobs == "sampler"
     with flagsaver.flagsaver(old_logprobs="sampler", mismatch_correction="tis-token"):
         with pytest.raises(ValueError, match="would correct nothing"):
-            train.learner_config(32, 64)
+            learner_config()
 
 
 def test_estimator_option_flags_reach_only_their_estimator():
-    assert train.estimator_options() == {"std_scaling": "group"}
+    assert loop_flags.from_flags(0).estimator_options == {"std_scaling": "group"}
     with flagsaver.flagsaver(estimator="reinforce_pp"):
-        assert train.estimator_options() == {"whiten": "token"}
+        assert loop_flags.from_flags(0).estimator_options == {"whiten": "token"}
     with flagsaver.flagsaver(estimator="reinforce_pp_baseline", whiten="sequence", std_scaling="batch"):
-        assert train.estimator_options() == {"whiten": "sequence"}
+        assert loop_flags.from_flags(0).estimator_options == {"whiten": "sequence"}
     with flagsaver.flagsaver(estimator="rloo", whiten="sequence"):
-        assert train.estimator_options() == {}
+        assert loop_flags.from_flags(0).estimator_options == {}
 
 
 def test_a_non_positive_adam_eps_is_rejected():
     with flagsaver.flagsaver(adam_eps=0.0), pytest.raises(ValueError, match="eps"):
-        train.learner_config(max_rows=32, max_completion_tokens=64)
+        learner_config()
 
 
 def test_expected_grades_flag_reaches_the_env():
-    assert not common.build_env().config.expected_grades
+    assert not build_env().config.expected_grades
     with flagsaver.flagsaver(expected_grades=True):
-        assert common.build_env().config.expected_grades
+        assert build_env().config.expected_grades
 
 
 def test_allow_unsandboxed_code_reaches_the_env_and_is_logged_loudly_when_used(monkeypatch, caplog):
     with flagsaver.flagsaver(world="paper", tasks=["humaneval"], task_limit=1):
-        common._log_sandbox_layer.cache_clear()
-        with caplog.at_level(logging.INFO, logger=common.__name__):
-            env = common.build_env()
+        conductor_env._log_sandbox_layer.cache_clear()
+        with caplog.at_level(logging.INFO, logger=conductor_env.__name__):
+            env = build_env()
         assert not env.config.allow_unsandboxed_code and env.sandbox_layer == sandbox.isolation_layer() != "none"
         assert f"in the {env.sandbox_layer} sandbox" in caplog.text
         monkeypatch.setattr(sandbox, "layer_works", lambda layer: False)
         monkeypatch.setitem(sandbox._unsandboxed, "allowed", False)
         monkeypatch.setitem(sandbox._unsandboxed, "warned", False)
         with pytest.raises(sandbox.SandboxUnavailable, match="--allow_unsandboxed_code"):
-            common.build_env()
+            build_env()
         with flagsaver.flagsaver(allow_unsandboxed_code=True), caplog.at_level(logging.WARNING):
-            env = common.build_env()
-    common._log_sandbox_layer.cache_clear()
+            env = build_env()
+    conductor_env._log_sandbox_layer.cache_clear()
     assert env.config.allow_unsandboxed_code and env.sandbox_layer == "none"
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warnings) == 2 and all("WITHOUT a kernel sandbox" in warning for warning in warnings)
@@ -109,30 +129,43 @@ def test_allow_unsandboxed_code_reaches_the_env_and_is_logged_loudly_when_used(m
 def test_share_prompts_reaches_the_learner_and_the_warm_start():
     world = TokenizedConductorEnv(ConductorEnv(build_world(SyntheticWorldConfig(num_tasks=4))),
                             load_tokenizer(zoo.smollm2_135m_instruct()))  # fmt: skip
-    assert train.learner_config(32, 64).share_prompts and sft.sft_config(world, 10, 0).share_prompts
+    domains = len(domain_labels(world))
+    assert learner_config().share_prompts and supervised_flags.from_flags(10, domains).share_prompts
     with flagsaver.flagsaver(share_prompts=False):
-        assert not train.learner_config(32, 64).share_prompts
-        assert not sft.sft_config(world, 10, 0).share_prompts
+        assert not learner_config().share_prompts
+        assert not supervised_flags.from_flags(10, domains).share_prompts
 
 
 @pytest.mark.parametrize(
-    ("generator_flags", "user_setting", "expected"),
+    ("generator_settings", "user_setting", "expected"),
     [
         ({"generator_device": "cuda"}, {}, "false"),
         ({"generator_device": "cuda:1"}, {}, "false"),
         ({"generator_device": "cpu"}, {}, None),
-        ({"generator": "sglang", "generator_device": "cuda"}, {}, None),
+        ({"generator": "sglang", "generator_device": "cuda", "sglang_urls": ["http://127.0.0.1:30000"], "sync": "disk"},
+         {}, None),
         ({"generator_device": "cuda"}, {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}, None),
         ({"generator_device": "cuda"}, {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}, "true"),
     ],
 )
-def test_jax_leaves_the_gpu_to_a_torch_generator_beside_it(generator_flags, user_setting, expected):
+def test_jax_leaves_the_gpu_to_a_torch_generator_beside_it(generator_settings, user_setting, expected):
     # patch.dict restores the whole environment afterwards, the variable the function sets included, so the setting
     # does not leak into later tests.
-    with mock.patch.dict(os.environ), flagsaver.flagsaver(**generator_flags):
-        for name in common.JAX_ALLOCATOR_VARIABLES:
+    with mock.patch.dict(os.environ), flagsaver.flagsaver(**generator_settings):
+        for name in generators.JAX_ALLOCATOR_VARIABLES:
             os.environ.pop(name, None)
         os.environ.update(user_setting)
-        common.share_gpu_with_torch_generator()
+        generators.share_gpu_with_torch_generator(generator_flags.from_flags())
         preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE")
     assert preallocate == expected
+
+
+def test_teacher_flags_reach_the_teacher_config():
+    assert teacher_flags.from_flags() == TeacherConfig()
+    with flagsaver.flagsaver(sft_teacher="world", sft_templates=["single"], sft_world_weights="advantage",
+                             stratify_questions=True):  # fmt: skip
+        assert teacher_flags.from_flags() == TeacherConfig(
+            teacher="world", templates=("single",), world_weights="advantage", stratify_questions=True
+        )
+    with flagsaver.flagsaver(sft_teacher="rollouts"), pytest.raises(ValueError, match="needs --sft_rollouts"):
+        teacher_flags.from_flags()

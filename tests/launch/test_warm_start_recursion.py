@@ -10,7 +10,7 @@ from env.gym_env import ConductorEnv, EnvConfig
 from env.prompts import CONDUCTOR_PREFIX
 from env.workflow import parse_workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch import sft
+from launch import teachers
 from launch.loop_environment import TokenizedConductorEnv
 from models import zoo
 from models.tokenizer import load_tokenizer
@@ -28,7 +28,7 @@ def _world(recursion_rounds: int) -> TokenizedConductorEnv:
 def test_template_examples_cover_each_round_of_an_episode_uniformly(recursion_rounds):
     world = _world(recursion_rounds)
     first_prompts = {tuple(world.prompt_ids(q)) for q in range(world.num_questions)}
-    examples = sft.template_examples(world, 300, random.Random(0))
+    examples = teachers.template_examples(world, 300, random.Random(0))
     assert len(examples) == 300
     later = [e for e in examples if e.prompt_ids not in first_prompts]
     # Each example's round is one of the N + 1 an episode has, drawn uniformly.

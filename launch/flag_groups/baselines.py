@@ -1,0 +1,39 @@
+"""The baselines' flags (`launch.baselines.BaselineConfig`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from absl import flags
+
+from launch.baselines import BaselineConfig
+from launch.flag_groups import field_values, sampling, shared
+
+_FIELDS = {
+    "moa_layers": flags.DEFINE_integer("moa_layers", 1, "Mixture-of-Agents layers (every worker proposes in each)."),
+    "reflection_revisions": flags.DEFINE_integer(
+        "reflection_revisions", 2, "Revisions of the self-reflection baseline."
+    ),
+    "consensus_samples": flags.DEFINE_integer(
+        "consensus_samples", 3, "Independent samples of the consensus baseline."
+    ),
+    "worker": flags.DEFINE_integer(
+        "baseline_worker", None,
+        "Worker of self-reflection and consensus and aggregator of MoA (default: the best single worker of this "
+        "run).",
+    ),
+}
+_PROMPTED_CONDUCTORS = flags.DEFINE_list(
+    "prompted_conductors", ["0"], "Pool workers each prompted as an untrained Conductor."
+)
+
+
+def from_flags(baselines: Sequence[str]) -> BaselineConfig:
+    """The config of `baselines`; a prompted Conductor writes at most `--max_tokens` tokens, like the trained one."""
+    return BaselineConfig(
+        **field_values(_FIELDS),
+        baselines=tuple(baselines),
+        prompted_conductors=tuple(int(w) for w in _PROMPTED_CONDUCTORS.value),
+        prompted_max_tokens=sampling.from_flags().max_new_tokens,
+        seed=shared.SEED.value,
+    )

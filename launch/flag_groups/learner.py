@@ -1,0 +1,102 @@
+"""The learner's flags: the policy loss, the optimizer and how an update runs over the batch."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from absl import flags
+
+from launch.flag_groups import field_choices, field_values, shared
+from rl.learner import LearnerConfig, OldLogprobs, OptimizerConfig, optimizer_steps_per_update
+from rl.loop import LoopConfig
+from rl.losses import POLICY_LOSSES, Aggregation, KLEstimator, LossConfig, MismatchCorrection
+from rollout.types import SamplingParams
+
+_LOSS_FIELDS = {
+    "policy_loss": flags.DEFINE_enum("policy_loss", "ppo", list(POLICY_LOSSES), "Policy loss."),
+    "aggregation": flags.DEFINE_enum(
+        "aggregation", "seq-mean-token-mean", get_args(Aggregation), "Loss aggregation."
+    ),
+    "clip_low": flags.DEFINE_float("clip_low", 0.2, "Lower ratio clip (1 - clip_low)."),
+    "clip_high": flags.DEFINE_float(
+        "clip_high", 0.2, "Upper ratio clip (1 + clip_high); > clip_low is clip-higher."
+    ),
+    "dual_clip": flags.DEFINE_float(
+        "dual_clip", None, "Dual-clip constant c > 1 for negative advantages (off: unset)."
+    ),
+    "kl_coef": flags.DEFINE_float("kl_coef", 0.0, "KL penalty to the frozen initial policy (0: no reference model)."),
+    "kl_estimator": flags.DEFINE_enum("kl_estimator", "k3", get_args(KLEstimator), "KL estimator."),
+    "entropy_coef": flags.DEFINE_float("entropy_coef", 0.0, "Entropy bonus weight."),
+    "mismatch_correction": flags.DEFINE_enum(
+        "mismatch_correction", "none", get_args(MismatchCorrection),
+        "Correction for sampler vs learner log-prob mismatch.",
+    ),
+    "mismatch_cap": flags.DEFINE_float("mismatch_cap", 2.0, "Cap of the mismatch importance weights."),
+}
+_OPTIMIZER_FIELDS = {
+    "learning_rate": flags.DEFINE_float("lr", 1e-6, "Peak learning rate (AdamW)."),
+    "schedule": flags.DEFINE_enum(
+        "lr_schedule", "cosine", field_choices(OptimizerConfig, "schedule"), "Learning-rate schedule after warmup."
+    ),
+    "weight_decay": flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay."),
+    "b1": flags.DEFINE_float("adam_b1", 0.9, "AdamW first-moment decay."),
+    "b2": flags.DEFINE_float("adam_b2", 0.999, "AdamW second-moment decay."),
+    "eps": flags.DEFINE_float(
+        "adam_eps", 1e-8,
+        "AdamW epsilon. Raising it damps the update of parameters whose gradient is mostly noise; at 1e-8 Adam moves "
+        "every parameter by about the learning rate each step, whatever its gradient's size.",
+    ),
+    "max_grad_norm": flags.DEFINE_float("max_grad_norm", 1.0, "Global gradient-norm clip."),
+}
+_WARMUP_RATIO = flags.DEFINE_float("warmup_ratio", 0.03, "Fraction of optimizer steps spent warming up.")
+# Kept only to stop an old flagfile: absl would suggest --iterations, which counts something else.
+flags.DEFINE_integer("num_iterations", None, "Renamed --ppo_epochs; setting it is an error.")
+flags.register_validator(
+    "num_iterations", lambda value: value is None,
+    "--num_iterations is now --ppo_epochs (passes over each batch); --iterations counts the training loop's iterations",
+)
+_UPDATE_FIELDS = {
+    "ppo_epochs": flags.DEFINE_integer(
+        "ppo_epochs", 1, "Passes over each batch (mu in GRPO; --iterations counts the loop's iterations)."
+    ),
+    "mini_batch_size": flags.DEFINE_integer(
+        "mini_batch_size", None, "Sequences per optimizer step (default: whole batch)."
+    ),
+    "micro_batch_size": flags.DEFINE_integer("micro_batch_size", None, "Sequences per forward/backward pass."),
+    "old_logprobs": flags.DEFINE_enum(
+        "old_logprobs", "recompute", get_args(OldLogprobs),
+        "Old log-probs of the optimizer steps after an update's first: the learner's from an extra forward pass, or "
+        "the sampler's (no extra pass; the sampler becomes the behaviour policy; needs --mismatch_correction=none).",
+    ),
+    "skip_zero_gradient_rows": flags.DEFINE_boolean(
+        "skip_zero_gradient_rows", True,
+        "Do not run the learner on rows whose loss has no gradient (no loss tokens; or a zero advantage when there is "
+        "no KL or entropy term): the same update, less work; token-mean metrics are then over the rows run.",
+    ),
+    "run_duplicates_once": flags.DEFINE_boolean(
+        "run_duplicates_once", True,
+        "Run each distinct completion of a group through the learner once: a row identical to an earlier one of its "
+        "group takes that row's log-probs, and keeps its own advantage and loss weight; the same update, less work.",
+    ),
+}
+
+
+def from_flags(loop: LoopConfig, sampling: SamplingParams) -> LearnerConfig:
+    """The learner's config for `loop`'s batches, sampled with `sampling`. With recursion rounds the row count
+    varies, and so does the number of optimizer steps of an update; the learning-rate schedule is sized for the
+    largest batch (`loop.max_rows`), so it never ends before the run does (`OptimizerConfig`)."""
+    update = field_values(_UPDATE_FIELDS)
+    steps_per_update = optimizer_steps_per_update(loop.max_rows, update["mini_batch_size"], update["ppo_epochs"])
+    total_steps = loop.iterations * steps_per_update
+    optimizer = OptimizerConfig(
+        **field_values(_OPTIMIZER_FIELDS),
+        warmup_steps=int(round(_WARMUP_RATIO.value * total_steps)),
+        total_steps=total_steps,
+    )
+    return LearnerConfig(
+        loss=LossConfig(**field_values(_LOSS_FIELDS), norm_length=sampling.max_new_tokens),
+        optimizer=optimizer,
+        **update,
+        temperature=sampling.temperature,
+        share_prompts=shared.SHARE_PROMPTS.value,
+    )

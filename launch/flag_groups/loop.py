@@ -1,0 +1,45 @@
+"""The training loop's flags: iterations, batch shape, the advantage estimator and its options, checkpoints.
+
+Each estimator option has one flag named as the option (`rl.advantages`: an estimator's keyword-only parameters);
+an estimator gets the flags of the options it takes (`rl.advantages.options_for`), and its defaults for the others.
+An estimator with a new hyperparameter adds one line to `_ESTIMATOR_OPTIONS`.
+"""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from absl import flags
+
+from launch.flag_groups import field_values, shared
+from rl.advantages import ESTIMATORS, StdScaling, Whitening, options_for
+from rl.loop import LoopConfig
+
+_FIELDS = {
+    "iterations": flags.DEFINE_integer("iterations", 20, "Training iterations."),
+    "questions_per_step": flags.DEFINE_integer("questions_per_step", 4, "Questions per iteration."),
+    "group_size": flags.DEFINE_integer("group_size", 8, "Completions per question."),
+    "estimator": flags.DEFINE_enum("estimator", "grpo", sorted(ESTIMATORS), "Advantage estimator."),
+    "dynamic_sampling": flags.DEFINE_boolean("dynamic_sampling", False, "Drop groups whose rewards all agree."),
+    "checkpoint_every": flags.DEFINE_integer("checkpoint_every", 10, "Iterations between checkpoints."),
+}
+_ESTIMATOR_OPTIONS = {
+    "std_scaling": flags.DEFINE_enum("std_scaling", "group", get_args(StdScaling), "grpo's std scaling."),
+    "whiten": flags.DEFINE_enum(
+        "whiten", "token", get_args(Whitening),
+        "reinforce_pp(_baseline)'s batch whitening: over tokens (verl, OpenRLHF; long completions weigh more) or "
+        "over completions.",
+    ),
+}
+
+
+def from_flags(recursion_rounds: int) -> LoopConfig:
+    """The loop over episodes of `recursion_rounds` rounds after the first (the env's)."""
+    fields = field_values(_FIELDS)
+    return LoopConfig(
+        **fields,
+        estimator_options=options_for(fields["estimator"], field_values(_ESTIMATOR_OPTIONS)),
+        stratify_questions=shared.STRATIFY_QUESTIONS.value,
+        recursion_rounds=recursion_rounds,
+        seed=shared.SEED.value,
+    )

@@ -1,0 +1,37 @@
+"""The Conductor's sampling flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+from absl import flags
+
+from launch.conductor import trained_sampling
+from launch.flag_groups import field_values, shared
+from rollout.types import SamplingParams
+
+_FIELDS = {
+    "temperature": flags.DEFINE_float("temperature", 1.0, "Conductor sampling temperature."),
+    "top_p": flags.DEFINE_float("top_p", 1.0, "Conductor nucleus sampling."),
+    "top_k": flags.DEFINE_integer("top_k", 0, "Conductor top-k sampling (0: off)."),
+    "max_new_tokens": flags.DEFINE_integer("max_tokens", 1024, "Most tokens the Conductor writes per completion."),
+}
+
+
+def from_flags(trained_conductor: pathlib.Path | None = None) -> SamplingParams:
+    """The sampling flags; for a `trained_conductor` (the Conductor's directory), unless `--max_tokens`
+    (`--temperature`) is on the command line, its completion limit (temperature) is the one it was trained with: a
+    small Conductor whose greedy completion never stops would otherwise hold every batch for the flag's default 1024
+    steps, and its format is reliable at the temperature it was trained at, not necessarily at the flag's default
+    1.0. Callers decode a trained Conductor greedily first (launch.eval, launch.serve); this temperature is for
+    samples."""
+    params = SamplingParams(**field_values(_FIELDS), seed=shared.SEED.value)
+    trained = trained_sampling(trained_conductor) if trained_conductor is not None else None
+    if trained is None:
+        return params
+    if not _FIELDS["max_new_tokens"].present:
+        params = dataclasses.replace(params, max_new_tokens=int(trained["max_new_tokens"]))
+    if not _FIELDS["temperature"].present and "temperature" in trained:
+        params = dataclasses.replace(params, temperature=float(trained["temperature"]))
+    return params

@@ -1,0 +1,40 @@
+"""The supervised warm-start trainer's flags (`rl.supervised.SFTConfig`)."""
+
+from __future__ import annotations
+
+from absl import flags
+
+from launch.flag_groups import field_choices, shared
+from rl.learner import OptimizerConfig
+from rl.supervised import SFTConfig
+
+_LR = flags.DEFINE_float("sft_lr", 3e-4, "Supervised peak learning rate (reached after warmup; --sft_lr_schedule).")
+_WARMUP = flags.DEFINE_integer("sft_warmup_steps", 10, "Linear warmup steps of the supervised learning rate.")
+_LR_SCHEDULE = flags.DEFINE_enum(
+    "sft_lr_schedule", "constant", field_choices(OptimizerConfig, "schedule"),
+    "After warmup: a constant rate, or a cosine decay to 0 at the last step (the student then settles on the "
+    "teacher's average over many batches, e.g. uniform routing, rather than on the last few batches' draws).",
+)
+_BATCH = flags.DEFINE_integer("sft_batch_size", 8, "Supervised examples per step.")
+_DOMAIN_PROBE_WEIGHT = flags.DEFINE_float(
+    "sft_domain_probe_weight", 0.0,
+    "Weight of a discarded linear probe's domain cross-entropy at the first worker-id decision (0: no probe).",
+    lower_bound=0.0,
+)
+
+
+def from_flags(steps: int, domains: int) -> SFTConfig:
+    """The trainer's config for `steps` steps over a world of `domains` task domains (the probe's classes)."""
+    optimizer = OptimizerConfig(
+        learning_rate=_LR.value, schedule=_LR_SCHEDULE.value, warmup_steps=min(_WARMUP.value, steps),
+        total_steps=max(steps, 1),
+    )
+    probe = _DOMAIN_PROBE_WEIGHT.value > 0
+    return SFTConfig(
+        optimizer=optimizer,
+        batch_size=_BATCH.value,
+        seed=shared.SEED.value,
+        probe_classes=domains if probe else 0,
+        probe_weight=_DOMAIN_PROBE_WEIGHT.value,
+        share_prompts=shared.SHARE_PROMPTS.value,
+    )

@@ -1,0 +1,29 @@
+"""The warm-start teacher's flags (`launch.teachers.TeacherConfig`)."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from absl import flags
+
+from env.policies import TEMPLATES
+from launch.flag_groups import field_values, shared
+from launch.teachers import RouteWeighting, Teacher, TeacherConfig
+
+_FIELDS = {
+    "teacher": flags.DEFINE_enum("sft_teacher", "templates", get_args(Teacher), "Where the targets come from."),
+    "rollouts": flags.DEFINE_string("sft_rollouts", None, "A run's rollouts.jsonl (teacher=rollouts)."),
+    "min_reward": flags.DEFINE_float("sft_min_reward", 1.0, "Keep logged rollouts with at least this reward."),
+    "world_weights": flags.DEFINE_enum(
+        "sft_world_weights", "grade", get_args(RouteWeighting),
+        "How the world teacher weights a route: by its grade, or by how far its grade exceeds the mean grade of the "
+        "question's routes (routes at or under the mean get 0).",
+    ),
+}
+_TEMPLATES = flags.DEFINE_list("sft_templates", list(TEMPLATES), "Template policies of the templates teacher.")
+
+
+def from_flags() -> TeacherConfig:
+    return TeacherConfig(
+        **field_values(_FIELDS), templates=tuple(_TEMPLATES.value), stratify_questions=shared.STRATIFY_QUESTIONS.value
+    )

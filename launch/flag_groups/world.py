@@ -1,0 +1,87 @@
+"""The world's flags: the worker pool and the tasks (`env.worlds`)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence, get_args
+
+from absl import flags
+
+from env.tasks import data_files, routerdc
+from env.workers.simulated import AnswerModel, MultiStepRule
+from env.worlds import LocalWorldConfig, PaperWorldConfig, ReplayWorldConfig, SyntheticWorldConfig
+from launch.flag_groups import shared
+from models import zoo
+
+_TASKS = flags.DEFINE_list(
+    "tasks", [],
+    "Training tasks. replay: RouterDC file stems (e.g. mmlu_train,gsm8k-train); local: one env.tasks name; "
+    "paper: name or name:path entries (math500, mmlu, rlpr, livecodebench). Empty: the world's default.",
+)
+_TASK_LIMIT = flags.DEFINE_integer("task_limit", None, "At most this many questions per task file.")
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", None,
+    "Data root searched first for the task files: <data_dir>/routerdc/ (replay world), <data_dir>/<name>/ (paper "
+    "world). Then $CONDUCTOR_DATA_DIR, the user cache (~/.cache/conductor-rl/data, where `python -m launch.data "
+    "fetch NAME` puts them) and the team copy; the RouterDC files are fetched into the cache on first use.",
+)
+_SYNTHETIC_WORKERS = flags.DEFINE_integer("synthetic_workers", 4, "Workers in the synthetic pool.")
+_SYNTHETIC_SKILLS = flags.DEFINE_string(
+    "synthetic_skills", None,
+    "The synthetic skill matrix: one row per worker, rows separated by ';', each the worker's probability of being "
+    "right on each domain (arithmetic, algebra, logic, trivia), comma-separated. Default: seeded specialists.",
+)
+_SYNTHETIC_TASKS = flags.DEFINE_integer("synthetic_tasks", 1000, "Questions generated for the synthetic world.")
+_WORKER_LATENCY = flags.DEFINE_float("worker_latency_s", 0.0, "Simulated latency of synthetic and replay workers.")
+_MULTI_STEP_RULE = flags.DEFINE_enum(
+    "multi_step_rule", "independent", get_args(MultiStepRule),
+    "How simulated and replay workers use earlier steps: 'independent' (a workflow is worth its last step; exact "
+    "for replayed data) or 'adopt' (a step that reads a correct answer adopts it with --adopt_rate; a model).",
+)
+_ADOPT_RATE = flags.DEFINE_float("adopt_rate", 0.5, "Adoption probability of the 'adopt' multi-step rule.")
+_LOCAL_WORKERS = flags.DEFINE_integer("local_workers", 2, "SmolLM2-135M-Instruct workers in the local world.")
+
+
+def _synthetic(tasks: Sequence[str], answer_model: AnswerModel) -> SyntheticWorldConfig:
+    skills = None
+    if _SYNTHETIC_SKILLS.value:
+        skills = tuple(tuple(float(v) for v in row.split(",")) for row in _SYNTHETIC_SKILLS.value.split(";"))
+    return SyntheticWorldConfig(
+        num_workers=len(skills) if skills else _SYNTHETIC_WORKERS.value, num_tasks=_SYNTHETIC_TASKS.value,
+        seed=shared.SEED.value, skills=skills, latency_s=_WORKER_LATENCY.value, answer_model=answer_model,
+    )
+
+
+def _replay(tasks: Sequence[str], answer_model: AnswerModel) -> ReplayWorldConfig:
+    files = tuple(tasks) or ReplayWorldConfig.files
+    routerdc_dir = str(routerdc.data_dir(_DATA_DIR.value) / "routerdc") if _DATA_DIR.value else None
+    return ReplayWorldConfig(files=files, data_dir=routerdc_dir, limit_per_file=_TASK_LIMIT.value,
+                             seed=shared.SEED.value, latency_s=_WORKER_LATENCY.value, answer_model=answer_model)
+
+
+def _local(tasks: Sequence[str], answer_model: AnswerModel) -> LocalWorldConfig:
+    smollm2 = str(zoo.smollm2_135m_instruct())
+    return LocalWorldConfig(model_dirs=(smollm2,) * _LOCAL_WORKERS.value, tasks=(list(tasks) or ["synthetic"])[0],
+                            limit=_TASK_LIMIT.value, seed=shared.SEED.value)
+
+
+def _paper(tasks: Sequence[str], answer_model: AnswerModel) -> PaperWorldConfig:
+    entries = tuple((t.split(":", 1)[0], t.split(":", 1)[1] if ":" in t else None) for t in tasks)
+    entries = tuple((task, path or _found(task)) for task, path in entries or PaperWorldConfig.tasks)
+    return PaperWorldConfig(tasks=entries, limit_per_task=_TASK_LIMIT.value, seed=shared.SEED.value)
+
+
+def _found(task: str) -> str | None:
+    """`<task>/` in the first data root holding it, `--data_dir` searched first; None leaves the search to env.tasks
+    (which then names the directories it tried)."""
+    directory = data_files.find(task, _DATA_DIR.value) if _DATA_DIR.value else None
+    return str(directory) if directory else None
+
+
+_CONFIGS = {"synthetic": _synthetic, "replay": _replay, "local": _local, "paper": _paper}
+_WORLD = flags.DEFINE_enum("world", "synthetic", list(_CONFIGS), "The worker pool and tasks.")
+
+
+def from_flags(tasks: Sequence[str] | None = None) -> Any:
+    """The config of `--world` with `tasks` (default `--tasks`) as its question set."""
+    answer_model = AnswerModel(rule=_MULTI_STEP_RULE.value, adopt_rate=_ADOPT_RATE.value)
+    return _CONFIGS[_WORLD.value](list(_TASKS.value if tasks is None else tasks), answer_model)

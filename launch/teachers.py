@@ -1,0 +1,214 @@
+"""The warm-start's teachers: where its supervised targets come from.
+
+`templates`: template workflows (single worker, plan -> solve -> verify, fan-out + aggregate) with workers drawn
+uniformly, so the student writes valid workflows and routes at random. `rollouts`: rejection-sampling fine-tuning on
+the high-reward completions a training run logged to its rollouts.jsonl. `world`: rejection-sampling fine-tuning
+against the world itself, template workflows executed and graded now, each weighted by its grade (`world_examples`).
+With a domain probe, each example is labelled with its question's domain at the first worker id it writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+from typing import Any, Literal, Mapping, Sequence, get_args
+
+from env.policies import TEMPLATES, random_template
+from env.workflow import Workflow, render_workflow
+from launch.loop_environment import TokenizedConductorEnv
+from rl.loop import question_order
+from rl.supervised import Example
+
+Teacher = Literal["templates", "rollouts", "world"]
+RouteWeighting = Literal["grade", "advantage"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherConfig:
+    """`teacher` picks the teacher; `templates` are the template policies the templates and world teachers draw
+    from (`env.policies.TEMPLATES`); the rollouts teacher keeps the first-round completions of the run log
+    `rollouts` with a reward of at least `min_reward`; the world teacher weights each route by `world_weights`
+    (`route_weights`) and, with `stratify_questions`, draws the task domains in turn."""
+
+    teacher: Teacher = "templates"
+    templates: tuple[str, ...] = tuple(TEMPLATES)
+    rollouts: str | None = None
+    min_reward: float = 1.0
+    world_weights: RouteWeighting = "grade"
+    stratify_questions: bool = False
+
+    def __post_init__(self) -> None:
+        if self.teacher not in get_args(Teacher):
+            raise ValueError(f"unknown teacher {self.teacher!r}; choose from {get_args(Teacher)}")
+        unknown = sorted(set(self.templates) - set(TEMPLATES))
+        if unknown or not self.templates:
+            raise ValueError(f"unknown templates {unknown}; choose from {sorted(TEMPLATES)}")
+        if self.world_weights not in get_args(RouteWeighting):
+            raise ValueError(
+                f"unknown route weighting {self.world_weights!r}; expected one of {get_args(RouteWeighting)}"
+            )
+        if self.teacher == "rollouts" and not self.rollouts:
+            raise ValueError("--sft_teacher=rollouts needs --sft_rollouts")
+
+
+def teacher_examples(
+    config: TeacherConfig, world: TokenizedConductorEnv, count: int, rng: random.Random, probe: bool = False
+) -> list[Example]:
+    """About `count` examples from the configured teacher (all of a run log's for the rollouts teacher)."""
+    if config.teacher == "templates":
+        return template_examples(world, count, rng, config, probe)
+    if config.teacher == "world":
+        return world_examples(world, count, rng, config, probe)
+    return rollout_examples(world, config.rollouts, config.min_reward, probe)
+
+
+def completion_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
+    """The tokens of a target completion, ending with EOS so the Conductor learns to stop."""
+    return tuple(tokenizer.encode(text, add_special_tokens=False)) + (tokenizer.eos_token_id,)
+
+
+_FIRST_WORKER_RE = re.compile(r"model_id\s*=\s*\[\s*(\d)")
+
+
+def first_worker_token(tokenizer: Any, ids: Sequence[int]) -> int | None:
+    """Index of the completion token that holds the first worker id of `model_id = [...]` (None without one).
+
+    Decoded prefixes only grow as tokens are added, so a binary search finds the first prefix that reaches the id.
+    """
+    match = _FIRST_WORKER_RE.search(tokenizer.decode(list(ids), skip_special_tokens=True))
+    if match is None:
+        return None
+    low, high = 0, len(ids) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if len(tokenizer.decode(list(ids[: middle + 1]), skip_special_tokens=True)) > match.start(1):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def domain_labels(world: TokenizedConductorEnv) -> dict[str, int]:
+    """Each task domain of the world, numbered in sorted order (the probe's classes)."""
+    return {domain: index for index, domain in enumerate(sorted({task.domain for task in world.tasks}))}
+
+
+def make_example(
+    world: TokenizedConductorEnv, question: int, ids: Sequence[int], labels: Mapping[str, int] | None
+) -> Example:
+    """A (prompt, completion) example; with `labels`, labelled with the question's domain at the first worker id."""
+    prompt = tuple(world.prompt_ids(question))
+    index = first_worker_token(world.tokenizer, ids) if labels is not None else None
+    if index is None:
+        return Example(prompt, tuple(ids))
+    return Example(prompt, tuple(ids), index, labels[world.tasks[question].domain])
+
+
+def template_examples(
+    world: TokenizedConductorEnv, count: int, rng: random.Random, config: TeacherConfig = TeacherConfig(),
+    probe: bool = False,
+) -> list[Example]:
+    """`count` (prompt, uniformly routed template workflow) pairs over the world's questions.
+
+    With recursion rounds (`--recursion_rounds` N), each example's round is drawn uniformly from the N + 1, so the
+    student learns the format of every prompt an episode shows it: a later round's prompt follows a template
+    workflow run in the world, and its target is a new template workflow or, half the time, the three empty lists
+    that keep the answer (which to write is left to RL)."""
+    pool_size = len(world.env.world.pool)
+    access_mode = world.env.config.access_mode
+    rounds = world.env.config.recursion_rounds
+    labels = domain_labels(world) if probe else None
+    examples, earlier_rounds, targets = [], [], []
+    for _ in range(count):
+        question = rng.randrange(world.num_questions)
+        workflow = random_template(pool_size, rng, config.templates)
+        ids = completion_ids(world.tokenizer, "\n" + render_workflow(workflow, access_mode))
+        if rounds and rng.randrange(rounds + 1):
+            kept = rng.random() < 0.5
+            target = Workflow(steps=()) if kept else random_template(pool_size, rng, config.templates)
+            earlier_rounds.append((question, ids))
+            targets.append(completion_ids(world.tokenizer, "\n" + render_workflow(target, access_mode)))
+        else:
+            examples.append(make_example(world, question, ids, labels))
+    if earlier_rounds:
+        questions, ids = zip(*earlier_rounds)
+        scored = world.score(questions, ids, None, range(len(questions)))
+        examples += [Example(tuple(rollout.followup_prompt_ids), target) for rollout, target in zip(scored, targets)]
+    return examples
+
+
+def rollout_examples(world: TokenizedConductorEnv, path: str, min_reward: float, probe: bool = False) -> list[Example]:
+    """Logged completions (the generator's own token ids) that earned at least `min_reward`."""
+    labels = domain_labels(world) if probe else None
+    examples = []
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            record = json.loads(line)
+            if record["reward"] >= min_reward and record["round"] == 0:
+                examples.append(make_example(world, record["question"], record["completion_ids"], labels))
+    if not examples:
+        raise ValueError(f"{path} has no first-round rollout with reward >= {min_reward}")
+    return examples
+
+
+def world_examples(
+    world: TokenizedConductorEnv, count: int, rng: random.Random, config: TeacherConfig = TeacherConfig(),
+    probe: bool = False,
+) -> list[Example]:
+    """About `count` template workflows, executed and graded in the world, each weighted by its grade
+    (`config.world_weights`, `route_weights`).
+
+    Questions come from `rl.loop.question_order` (the task domains in turn with `config.stratify_questions`, so a small
+    task file is not drowned by a large one); each gets one random template, run once with every pool worker as its
+    final (answering) step, so every route's grade on the question is seen (a full-information sample of the routing
+    decision). A weighted example counts as that many copies (rl.supervised), so with grade weights and 0/1 grades this
+    keeps the right workflows (rejection sampling) and with `--expected_grades` it is reward-weighted regression:
+    either way the student learns to route each question in proportion to each worker's chance of answering it, and
+    greedy decoding picks the likeliest. A question's routes are consecutive examples, weight 0 included, so the
+    trainer keeps them in one batch and encodes their prompt once (a batch of a multiple of the pool size holds
+    whole questions).
+    """
+    pool_size = len(world.env.world.pool)
+    access_mode = world.env.config.access_mode
+    labels = domain_labels(world) if probe else None
+    strata = world.question_strata if config.stratify_questions else None
+    questions, completions = [], []
+    for question in question_order(world.num_questions, rng.randrange(2**31), 0, -(-count // pool_size), strata):
+        workflow = random_template(pool_size, rng, config.templates)
+        for final in range(pool_size):
+            steps = (*workflow.steps[:-1], dataclasses.replace(workflow.steps[-1], worker=final))
+            text = "\n" + render_workflow(dataclasses.replace(workflow, steps=steps), access_mode)
+            questions.append(question)
+            completions.append(completion_ids(world.tokenizer, text))
+    rollouts = world.score(questions, completions, [None] * len(questions), range(len(questions)))
+    grades = [rollout.metrics["correct"] for rollout in rollouts]
+    weights = [
+        weight
+        for start in range(0, len(grades), pool_size)
+        for weight in route_weights(grades[start : start + pool_size], config.world_weights)
+    ]
+    if not any(weight > 0 for weight in weights):
+        raise ValueError(f"no template workflow earned a {config.world_weights} weight above 0 in this world")
+    return [
+        dataclasses.replace(make_example(world, question, ids, labels), weight=weight)
+        for question, ids, weight in zip(questions, completions, weights)
+    ]
+
+
+def route_weights(grades: Sequence[float], mode: str) -> list[float]:
+    """The world teacher's weights of one question's routes, from their grades.
+
+    "grade" makes the weighted likelihood reward-weighted regression: the student routes a family's questions in
+    proportion to each worker's mean grade, so when the workers of a family are close the best leads by little.
+    "advantage" subtracts the question's mean grade and drops what is left under 0, the positive part of a
+    baseline-subtracted reward: a question every worker answers alike then teaches nothing about routing, and the
+    best worker's lead grows.
+    """
+    if mode == "grade":
+        return list(grades)
+    if mode == "advantage":
+        mean = sum(grades) / len(grades)
+        return [max(grade - mean, 0.0) for grade in grades]
+    raise ValueError(f"unknown route weighting {mode!r}; expected one of {get_args(RouteWeighting)}")

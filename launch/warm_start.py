@@ -1,0 +1,64 @@
+"""The supervised warm-start of a Conductor (`warm_start`), which `launch.sft` runs on its own and `launch.train
+--warm_start_steps=N` before RL, and the format validity `launch.sft` measures before and after it."""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Sequence
+
+from env.prompts import CONDUCTOR_PREFIX
+from env.workflow import WorkflowFormatError, parse_workflow
+from launch.loop_environment import TokenizedConductorEnv
+from launch.teachers import TeacherConfig, teacher_examples
+from rl.supervised import SFTConfig, SupervisedTrainer
+from rollout.types import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def format_validity(generator: Any, world: TokenizedConductorEnv, questions: Sequence[int], samples: int,
+                    params: SamplingParams) -> float:
+    """Fraction of `samples` completions (spread over `questions`) that parse as a workflow."""
+    per_question = -(-samples // len(questions))
+    groups = generator.generate([world.prompt_ids(q) for q in questions], params, per_question)
+    texts = [world.decode(c.completion_ids) for group in groups for c in group][:samples]
+    config = world.env.config
+    valid = 0
+    for text in texts:
+        try:
+            parse_workflow(CONDUCTOR_PREFIX + text, len(world.env.world.pool), config.max_steps, config.access_mode)
+            valid += 1
+        except WorkflowFormatError:
+            pass
+    return valid / len(texts)
+
+
+def warm_start(
+    model: Any, world: TokenizedConductorEnv, steps: int, trainer_config: SFTConfig, teacher: TeacherConfig
+) -> list[dict[str, float]]:
+    """Fits the Conductor in place to `teacher`'s examples for `steps` steps; returns per-step metrics."""
+    rng = random.Random(trainer_config.seed)
+    probe = trainer_config.probe_classes > 0
+    batch_size = trainer_config.batch_size
+    examples = teacher_examples(teacher, world, steps * batch_size, rng, probe)
+    if teacher.teacher == "world":
+        pool_size = len(world.env.world.pool)
+        log.info("world teacher: %d questions x %d routes, mean weight %.3f", len(examples) // pool_size, pool_size,
+                 sum(e.weight for e in examples) / len(examples))
+        if batch_size % pool_size:
+            log.warning("--sft_batch_size=%d is not a multiple of the pool size %d: batches split questions' routes, "
+                        "whose prompts are then encoded once per route", batch_size, pool_size)
+    trainer = SupervisedTrainer(model, trainer_config)
+
+    def report(index: int, metrics: dict[str, float]) -> None:
+        if (index + 1) % 10 == 0 or index + 1 == steps:
+            probe_part = (
+                f" probe_loss {metrics['probe_loss']:.4f} probe_accuracy {metrics['probe_accuracy']:.2f}"
+                if probe else ""
+            )
+            log.info("sft step %d/%d nll %.4f grad_norm %.3f%s", index + 1, steps, metrics["nll"],
+                     metrics["grad_norm"], probe_part)
+
+    history = trainer.fit(examples, steps, world.tokenizer.pad_token_id or 0, on_step=report)
+    return history
