@@ -25,7 +25,8 @@ EVAL_ROUND_SAMPLE_ID_STRIDE = 10**9
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """One scored answer: the rollout metrics of `launch.loop_environment.rollout_metrics` and the workers its steps used."""
+    """One scored answer: its rollout metrics (`launch.loop_environment.rollout_metrics`) and the workers its steps
+    used."""
 
     task_id: str
     domain: str
