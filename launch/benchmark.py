@@ -1,6 +1,6 @@
 """Benchmarks: `python -m launch.benchmark --suite=NAME`.
 
-Each suite lives in `launch/benchmarks/<NAME>.py` and exposes `run() -> Report`; this entry point prints the
+Each suite lives in `launch/benchmark_suites/<NAME>.py` and exposes `run() -> Report`; this entry point prints the
 table and, as its last line, one JSON object of the figures. Speed goals are checked here, never in pytest.
 Started on several hosts as one job (`launch/distributed.py`), the learner suite runs over all their devices and
 process 0 prints the report.
@@ -20,7 +20,7 @@ import inspect
 from absl import app, flags
 
 from launch import console, distributed
-from launch.benchmarks.common import emit
+from launch.benchmark_suites.common import emit
 
 SUITES = ("forward", "learner", "rollout", "sync", "env", "e2e", "gpu")
 
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> None:
     del argv
     console.configure()
     distributed.initialize()
-    module = importlib.import_module(f"launch.benchmarks.{_SUITE.value}")
+    module = importlib.import_module(f"launch.benchmark_suites.{_SUITE.value}")
     profiles = "profile_dir" in inspect.signature(module.run).parameters
     if _PROFILE_DIR.value and not profiles:
         raise app.UsageError(f"--profile_dir: the {_SUITE.value} suite does not profile")

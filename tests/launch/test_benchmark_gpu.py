@@ -15,9 +15,9 @@ import torch
 import transformers
 from flax import nnx
 
-from launch.benchmarks import common, gpu
-from launch.benchmarks import learner as learner_suite
-from launch.benchmarks import sync as sync_suite
+from launch.benchmark_suites import common, gpu
+from launch.benchmark_suites import learner as learner_suite
+from launch.benchmark_suites import sync as sync_suite
 from models import hf_io
 from models.config import ModelConfig
 from models.transformer import Transformer

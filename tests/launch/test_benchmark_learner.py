@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from launch.benchmarks import learner as learner_suite
+from launch.benchmark_suites import learner as learner_suite
 from models import zoo
 from models.config import ModelConfig
 from models.sharding import make_mesh

@@ -41,8 +41,8 @@ from flax import nnx
 
 from jax.sharding import Mesh
 
-from launch.benchmarks import profile
-from launch.benchmarks.common import Report, timed
+from launch.benchmark_suites import profile
+from launch.benchmark_suites.common import Report, timed
 from models import hf_io, zoo
 from models.config import ModelConfig
 from models.sharding import make_mesh
@@ -183,7 +183,7 @@ def accelerator_update(
     """Tokens/s and MFU of `Learner.update` with bf16 matmuls and float32 weights on the default device (on `mesh`,
     rows split over its devices), against the bf16 square-matmul rate measured in the same run (on one device, times
     the mesh's devices). With `profile_dir`, one more update runs under `jax.profiler.trace` there, and the figures
-    carry its kernel table (`launch.benchmarks.profile`)."""
+    carry its kernel table (`launch.benchmark_suites.profile`)."""
     config = ModelConfig.from_hf(
         hf_config, dtype="bfloat16", param_dtype="float32", attention_implementation=attention_implementation
     )

@@ -5,9 +5,9 @@
   run's wall time, each phase's share of an iteration (generate, score, learn, sync: medians over the iterations
   after the first, which compiles, and totals over the whole run), and the mean reward over the first and the last
   fifth of the iterations. Stopped at `QUICKSTART_TIME_BOX_S`, it reports the iterations it finished.
-- **learner**: the learner suite's accelerator figure (`launch.benchmarks.learner.accelerator_update`): a bf16 update
+- **learner**: the learner suite's accelerator figure (`launch.benchmark_suites.learner.accelerator_update`): a bf16 update
   of a Qwen2.5-1.5B-shaped model, its tokens/s and its MFU against the bf16 matmul rate measured in the same run.
-- **sync**: the in-process weight sync (`launch.benchmarks.sync.in_process_seconds`) of a Qwen2.5-1.5B-shaped model
+- **sync**: the in-process weight sync (`launch.benchmark_suites.sync.in_process_seconds`) of a Qwen2.5-1.5B-shaped model
   (random weights) from the Flax learner into a TorchGenerator on the GPU, into a float32 generator (what
   `--generator_device=cuda` runs) and cast to bfloat16 on the GPU into a bfloat16 one, each against a device-to-device
   copy of the same bytes.
@@ -23,7 +23,7 @@ set: `launch.host_memory`'s malloc settings slow XLA:GPU's compiles several time
 
 **On an offline GPU host** such as this workplace's lent machines (no network; their image has JAX with a CUDA
 plugin, torch with CUDA, flax, optax, orbax and transformers, under `python3`, so nothing large is installed):
-1. On a machine with network, once: `python -m launch.benchmarks.gpu .cache-gpu` writes SmolLM2's tokenizer, without
+1. On a machine with network, once: `python -m launch.benchmark_suites.gpu .cache-gpu` writes SmolLM2's tokenizer, without
    the weights, to `.cache-gpu/conductor-rl/` (the quickstart's tiny Conductor reads nothing else; `models.zoo` cannot
    download there) and the cp312 wheels of `gpu_requirements.txt` (the packages the image lacks) to
    `.cache-gpu/wheels/`. `.cache-gpu/` is git-ignored, so it travels only as a carried path (within the tool's 64 MiB).
@@ -35,7 +35,7 @@ plugin, torch with CUDA, flax, optax, orbax and transformers, under `python3`, s
        PYTHONUNBUFFERED=1 && set -o pipefail && python3 -m launch.benchmark --suite=gpu 2>&1 | tee $OUT/gpu.log
 
    A rerun of some parts on the same warm machine: the same command with the last step replaced by
-   `python3 -c "from launch.benchmarks import common, gpu; common.emit(gpu.run(parts=('learner', 'sync')))"`.
+   `python3 -c "from launch.benchmark_suites import common, gpu; common.emit(gpu.run(parts=('learner', 'sync')))"`.
 """
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ from absl import app
 from flax import nnx
 
 from launch import host_memory
-from launch.benchmarks import learner as learner_suite
-from launch.benchmarks import sync as sync_suite
-from launch.benchmarks.common import Report
-from launch.benchmarks.e2e import GOAL_LEARN_SYNC_SHARE, PHASES
+from launch.benchmark_suites import learner as learner_suite
+from launch.benchmark_suites import sync as sync_suite
+from launch.benchmark_suites.common import Report
+from launch.benchmark_suites.e2e import GOAL_LEARN_SYNC_SHARE, PHASES
 from launch.generators import JAX_ALLOCATOR_VARIABLES
 from models import zoo
 from models.config import ModelConfig
@@ -359,7 +359,7 @@ def prepare(directory: str | os.PathLike) -> None:
 
 def _prepare_main(argv: list[str]) -> None:
     if len(argv) != 2:
-        raise app.UsageError("usage: python -m launch.benchmarks.gpu DIRECTORY (for example .cache-gpu)")
+        raise app.UsageError("usage: python -m launch.benchmark_suites.gpu DIRECTORY (for example .cache-gpu)")
     prepare(argv[1])
 
 

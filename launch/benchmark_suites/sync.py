@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import torch
 
-from launch.benchmarks.common import Report, timed
+from launch.benchmark_suites.common import Report, timed
 from models import hf_io
 from models.transformer import Transformer
 from models.zoo import smollm2_135m_instruct

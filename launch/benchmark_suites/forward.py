@@ -14,7 +14,7 @@ import torch
 import transformers
 from flax import nnx
 
-from launch.benchmarks.common import Report, timed
+from launch.benchmark_suites.common import Report, timed
 from models import hf_io, zoo
 
 BATCH, LENGTH, REPEATS = 8, 256, 3

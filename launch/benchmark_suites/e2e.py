@@ -22,7 +22,7 @@ import tempfile
 
 import torch
 
-from launch.benchmarks.common import Report
+from launch.benchmark_suites.common import Report
 from rl.metrics import read_metrics
 
 ITERATIONS = 6

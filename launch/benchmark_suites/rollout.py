@@ -16,7 +16,7 @@ import sys
 import torch
 import transformers
 
-from launch.benchmarks.common import Report, timed
+from launch.benchmark_suites.common import Report, timed
 from models.tokenizer import load_tokenizer, render_chat
 from models.zoo import smollm2_135m_instruct
 from rollout.torch_generator import TorchGenerator

@@ -23,7 +23,7 @@ from env.executor import ExecutorConfig, execute_async
 from env.tasks.base import Task
 from env.workers.simulated import SimulatedWorker
 from env.workflow import Step, Workflow
-from launch.benchmarks.common import Report
+from launch.benchmark_suites.common import Report
 
 WORKFLOWS = 4096
 CONCURRENCY = 1024
