@@ -21,7 +21,7 @@ import time  # noqa: E402
 import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from launch.benchmarks.learner import QWEN25_1_5B, _learner_config, _random_batch  # noqa: E402
+from launch.benchmark_suites.learner import QWEN25_1_5B, _learner_config, _random_batch  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 from models.transformer import Transformer  # noqa: E402
 from rl.learner import Learner  # noqa: E402

@@ -11,8 +11,8 @@ host_memory.retain_freed_memory(restart=True)
 
 import jax  # noqa: E402
 
-from launch.benchmarks.common import timed  # noqa: E402
-from launch.benchmarks.learner import _matmul_flops_per_s  # noqa: E402
+from launch.benchmark_suites.common import timed  # noqa: E402
+from launch.benchmark_suites.learner import _matmul_flops_per_s  # noqa: E402
 
 
 def one_matmul_per_call(size: int = 2048) -> float:
