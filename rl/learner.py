@@ -1,47 +1,10 @@
 """The learner: a model, its optax optimizer and the jit-compiled GRPO update.
 
-`update(batch)` runs `ppo_epochs` passes over the batch in mini-batches of `mini_batch_size` sequences, one
-optimizer step per mini-batch. Each mini-batch's gradient is accumulated over micro-batches of `micro_batch_size`
-sequences with `lax.scan`; because every loss is a sum of per-token terms with weights computed on the whole
-mini-batch (`rl.losses.aggregation_weights`), the accumulated gradient equals the full mini-batch gradient whatever
-the split.
-
-A batch may hold any number of rows (with recursion rounds it changes every iteration): a batch that does not split
-into mini-batches ends with a shorter one, and every mini-batch is padded to one row count, a multiple of the
-micro-batch and of the data-parallel devices, with rows that carry no loss (`Trajectories.padded`). Those rows count
-in no denominator, token mean or gradient, so each step is that of its real rows; the steps of an update share a
-shape, so they share a compiled program.
-
-Old log-probs (the denominator of the policy ratio) are the learner's own at the weights that sampled the batch.
-The first optimizer step of an update runs at those weights, so its mini-batch takes the stop-gradient of its
-current log-probs (no extra forward pass). Every other mini-batch needs them from a pass of its own before the first
-step (`old_logprobs="recompute"`), or takes the sampler's instead (`old_logprobs="sampler"`, the "skip the
-recompute" option of slime, Tunix and verl's bypass mode): that saves a forward pass over all but one mini-batch and
-makes the sampler the behaviour policy of those steps. The learner/sampler mismatch is still measured, on the
-first step's tokens.
-
-With `share_prompts`, consecutive rows that carry the same prompt (a GRPO group's completions) run their prompt
-through the model once: its keys and values are repeated for each completion, which attends to them as to its own
-earlier columns. Values and gradients are those of the full rows; the work on the prompt drops by the group size.
-
-With `skip_zero_gradient_rows`, rows whose loss has no gradient are not run: rows without loss tokens, and, when
-there is no KL or entropy term, rows whose advantage is 0 (a GRPO group whose rewards all agree). Every policy loss
-here is a multiple of the advantage, so such rows add exactly nothing to the gradient; they still count in the
-aggregation's token and sequence totals, which come from the whole mini-batch. The step is the full mini-batch's
-step, and a mini-batch with nothing to run still takes its optimizer step, with a zero gradient, because AdamW's
-momentum moves the parameters anyway. Token-mean metrics (entropy, ratio, clip fractions, mismatch) are then over
-the rows that ran; the update's first step always runs, so the learner/sampler mismatch is measured every update.
-
-With `run_duplicates_once`, rows identical to an earlier row of their prompt block (the same prompt and completion:
-a sharpening Conductor often writes one workflow several times in a group) are not run either: they take that
-row's log-probs and entropies, and autodiff sums their loss gradients into its pass. Each row keeps its own
-advantage, old and sampler log-probs and aggregation weight, so the update is the same.
-
-In a multi-process run (one JAX process per host, `jax.distributed`), the mesh spans every process's devices and
-every process calls `update` with the same global batch (`rl.loop` gathers the rows the processes sampled). The
-host-side planning above (mini-batches, padding, the rows each step runs, their length bucket) needs the whole batch
-and is the same on every process, so the processes run the same programs on the same shapes; each global array is
-made with `jax.make_array_from_process_local_data`, every device taking its own rows from its host's copy.
+`Learner.update(batch)` runs `ppo_epochs` passes over the batch in mini-batches of `mini_batch_size` rows, one
+optimizer step per mini-batch, its gradient accumulated over micro-batches of `micro_batch_size` rows. Every loss is
+a sum of per-token terms weighted on the whole mini-batch (`rl.losses.aggregation_weights`), so the accumulated
+gradient is the mini-batch's whatever the split, and neither padding rows (which carry no loss) nor the rows
+`rl.row_selection` leaves out change it. `LearnerConfig` says what each option saves.
 """
 
 from __future__ import annotations
@@ -60,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.logprobs import completion_predictors, token_logprobs
 from models.sharding import batch_sharding, shard_model
+from rl import row_selection
 from rl.losses import LossConfig, aggregation_weights, grpo_loss
 from rl.trajectories import Trajectories
 
@@ -133,22 +97,31 @@ class OptimizerConfig:
 class LearnerConfig:
     """How `Learner.update` turns a batch into optimizer steps.
 
+    ppo_epochs: passes over each batch (mu in GRPO).
     mini_batch_size: sequences per optimizer step (None: the whole batch, one step per pass); a batch that does not
-        split into them ends with a shorter mini-batch.
+        split into them ends with a shorter mini-batch. A batch may hold any number of rows (with recursion rounds
+        it changes every iteration).
     micro_batch_size: sequences per forward/backward pass (None: the whole mini-batch); only memory depends on it.
-        Mini-batches are padded with rows that carry no loss to a multiple of it (see the module docstring).
+        Every mini-batch is padded to one row count, a multiple of it and of the data-parallel devices, with rows
+        that carry no loss (`Trajectories.padded`), so the steps of an update share one compiled program.
     logprob_chunk_size: sequence chunk for log-softmax, so [batch, time, vocab] logits never exist whole.
     temperature: the sampling temperature; log-probs are log_softmax(logits / temperature) as the sampler's are.
-    share_prompts: encode a prompt once per block of consecutive rows that share it (see the module docstring);
-        rows that share nothing fall back to one pass per row, so this is safe on any batch.
-    old_logprobs: where the old log-probs of steps after an update's first come from (see the module docstring):
-        "recompute" (the learner's, from an extra forward pass) or "sampler" (the generator's, no extra pass). A
-        mismatch correction needs "recompute": with the sampler as the behaviour policy it has nothing to correct.
-    skip_zero_gradient_rows: do not run rows whose loss has no gradient (see the module docstring); the update is
-        the same. The rows a step runs are rounded up to a power of two of prompt blocks, so few shapes compile.
-    run_duplicates_once: run each distinct row of a prompt block through the model once (see the module
-        docstring); the update is the same. A block's distinct rows are padded to a power of two, so few shapes
-        compile.
+    share_prompts: consecutive rows that carry the same prompt (a GRPO group's completions) run it through the
+        model once: its keys and values are repeated for each completion, which attends to them as to its own
+        earlier columns. Values and gradients are those of the full rows; the work on the prompt drops by the group
+        size. Rows that share nothing fall back to one pass per row, so this is safe on any batch.
+    old_logprobs: where the old log-probs (the denominator of the policy ratio) of steps after an update's first
+        come from. The first step runs at the weights that sampled the batch and takes the stop-gradient of its
+        own log-probs (no extra pass). The others take the learner's at those weights from a forward pass before
+        the first step ("recompute"), or the sampler's ("sampler", the "skip the recompute" option of slime, Tunix
+        and verl's bypass mode): that saves a forward pass over all but one mini-batch and makes the sampler the
+        behaviour policy of those steps; the learner/sampler mismatch is still measured, on the first step's
+        tokens. A mismatch correction needs "recompute": with the sampler as the behaviour policy it has nothing
+        to correct.
+    skip_zero_gradient_rows: do not run rows whose loss has no gradient (`rl.row_selection`); the update is the
+        same.
+    run_duplicates_once: run each distinct row of a prompt block through the model once (`rl.row_selection`); the
+        update is the same.
     """
 
     loss: LossConfig = LossConfig()
@@ -210,7 +183,7 @@ def _split_rows(tree, parts: int):
 @struct.dataclass
 class ModelRows:
     """What a step runs through the model: `[U, T]` rows, and for each of the step's `[B]` rows the index of the one
-    whose values it takes, counted within its own micro-batch's slice of the U rows (`Trajectories.distinct_rows`).
+    whose values it takes, counted within its own micro-batch's slice of the U rows (`rl.row_selection.model_rows`).
     Every aligned block of `prompt_block` rows shares one prompt, which is encoded once (1: each row is run whole;
     `models.logprobs.completion_predictors`)."""
 
@@ -321,7 +294,13 @@ class _Step:
 
 
 class Learner:
-    """Owns the live model (what weight sync reads), the optimizer state and the frozen reference (KL only)."""
+    """Owns the live model (what weight sync reads), the optimizer state and the frozen reference (KL only).
+
+    In a multi-process run (one JAX process per host, `jax.distributed`), the mesh spans every process's devices and
+    every process calls `update` with the same global batch (`rl.loop` gathers the rows the processes sampled). The
+    host-side planning (mini-batches, padding, the rows each step runs, their length bucket) needs the whole batch
+    and is the same on every process, so the processes run the same programs on the same shapes.
+    """
 
     def __init__(self, model: nnx.Module, config: LearnerConfig, *, mesh: Mesh | None = None):
         if jax.process_count() > 1 and (mesh is None or mesh.devices.size != jax.device_count()):
@@ -365,8 +344,9 @@ class Learner:
         self.optimizer_step = optimizer_step
 
     def _place(self, tree):
-        """Host arrays onto the devices, rows split over `fsdp`. Every process holds the same rows (see the module
-        docstring) and hands them all over; each of its devices takes its own slice."""
+        """Host arrays onto the devices, rows split over `fsdp`. Every process holds the same rows (see the class
+        docstring) and hands them all over: `jax.make_array_from_process_local_data`, each of its devices taking its
+        own slice."""
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, tree)
         sharding = batch_sharding(self.mesh)
@@ -388,7 +368,7 @@ class Learner:
     def _mini_batches(self, batch: Trajectories) -> list[tuple[Trajectories, int]]:
         """The mini-batches of `batch` in order, each with its number of real rows, padded to one row count:
         `mini_batch_size` (the whole batch without one, or when the batch is smaller) rounded up to a multiple of
-        the micro-batch and of the data-parallel devices (see the module docstring)."""
+        the micro-batch and of the data-parallel devices (`LearnerConfig.micro_batch_size`)."""
         rows = batch.batch_size
         step_rows = min(self.config.mini_batch_size or rows, rows)
         padded_rows = _round_up(step_rows, math.lcm(self.config.micro_batch_size or 1, self._data_parallel))
@@ -400,45 +380,24 @@ class Learner:
             return 1
         return batch.prompt_block_size(self._rows_per_pass(batch.batch_size))
 
-    def _zero_gradient_rows(self, batch: Trajectories) -> np.ndarray:
-        """[rows] bool: rows without loss tokens, and, without a KL or entropy term, rows whose advantage is 0."""
-        loss_mask = np.asarray(batch.loss_mask)
-        no_gradient = ~loss_mask.any(axis=1)
-        if not (self.config.loss.kl_coef or self.config.loss.entropy_coef):
-            no_gradient |= ~(loss_mask & (np.asarray(batch.advantages) != 0)).any(axis=1)
-        return no_gradient
-
     def _rows_to_run(self, mini_batch: Trajectories, *, first_step: bool) -> np.ndarray:
-        """Indices of the mini-batch rows a step must run, in order: every unit (a prompt block, widened to split
-        over the data-parallel devices) holding a row with a gradient, then units without one up to a power-of-two
-        number of passes. The update's first step runs at least one unit, to measure the learner/sampler mismatch."""
-        rows = mini_batch.batch_size
+        """Indices of the mini-batch rows a step runs (`rl.row_selection.rows_to_run`), all without
+        `skip_zero_gradient_rows`."""
         if not self.config.skip_zero_gradient_rows:
-            return np.arange(rows)
-        unit = math.lcm(self._prompt_block(mini_batch), self._data_parallel)
-        smallest_run = math.lcm(unit, self.config.micro_batch_size or unit)
-        has_gradient = ~self._zero_gradient_rows(mini_batch).reshape(-1, unit).all(axis=1)
-        needed_rows = max(int(has_gradient.sum()), int(first_step)) * unit
-        if needed_rows == 0:
-            return np.arange(0)
-        run_rows = smallest_run
-        while run_rows < needed_rows:
-            run_rows *= 2
-        units_by_need = np.concatenate([np.flatnonzero(has_gradient), np.flatnonzero(~has_gradient)])
-        units = np.sort(units_by_need[: min(run_rows, rows) // unit])
-        return (units[:, None] * unit + np.arange(unit)).reshape(-1)
+            return np.arange(mini_batch.batch_size)
+        return row_selection.rows_to_run(
+            row_selection.zero_gradient_rows(mini_batch, self.config.loss),
+            math.lcm(self._prompt_block(mini_batch), self._data_parallel),
+            self.config.micro_batch_size,
+            first_step=first_step,
+        )
 
     def _model_rows(self, batch: Trajectories) -> ModelRows:
-        """The rows of `batch` the model runs (each distinct row of a prompt block once, with `run_duplicates_once`;
-        with no shared prompts, each distinct row of a pass), placed on the devices."""
-        rows_per_pass = self._rows_per_pass(batch.batch_size)
-        prompt_block = self._prompt_block(batch)
-        if self.config.run_duplicates_once:
-            block = prompt_block if prompt_block > 1 else rows_per_pass
-            run, source, distinct_block = batch.distinct_rows(block, rows_per_pass, self._data_parallel)
-            prompt_block = distinct_block if prompt_block > 1 else 1
-        else:
-            run, source = np.arange(batch.batch_size), np.arange(batch.batch_size) % rows_per_pass
+        """The rows of `batch` the model runs (`rl.row_selection.model_rows`), placed on the devices."""
+        run, source, prompt_block = row_selection.model_rows(
+            batch, self._rows_per_pass(batch.batch_size), self._prompt_block(batch), self._data_parallel,
+            run_duplicates_once=self.config.run_duplicates_once,
+        )
         columns = (batch.tokens, batch.positions, batch.attention_mask)
         tokens, positions, attention_mask = (np.asarray(array)[run] for array in columns)
         return self._place(ModelRows(tokens, positions, attention_mask, source.astype(np.int32), prompt_block))

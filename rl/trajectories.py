@@ -62,7 +62,7 @@ class Trajectories:
         """These rows followed by copies of the last one with an empty loss mask and a zero advantage, `rows` in all.
         A row without loss tokens counts in no aggregation denominator or token mean and has no gradient, so the
         copies change no loss, gradient or metric; being copies, they keep the last prompt block whole and run once
-        where duplicates do (`distinct_rows`)."""
+        where duplicates do (`rl.row_selection.distinct_rows`)."""
         extra = rows - self.batch_size
         if extra < 0:
             raise ValueError(f"cannot pad {self.batch_size} rows to {rows}")
@@ -105,46 +105,6 @@ class Trajectories:
             if np.array_equal(blocks, np.broadcast_to(blocks[:, :1], blocks.shape)):
                 return block
         return 1
-
-    def distinct_rows(
-        self, block: int, rows_per_pass: int, row_multiple: int = 1
-    ) -> tuple[np.ndarray, np.ndarray, int]:
-        """The rows a model pass must run so that every row's values come from an identical row (same tokens and
-        padding), and where each row finds them. Identical rows have identical log-probs; a sharpening policy
-        repeats its completions within a group often. Runs on the host.
-
-        Rows are matched within each aligned block of `block` rows (a shared prompt's rows, or a whole pass). Each
-        block's distinct rows, in order of first appearance, are padded to `distinct_block` by repeating its first
-        one: the smallest power of two, or `block` itself, that holds every block's and leaves each pass's share
-        (`rows_per_pass // block * distinct_block` rows) split into `row_multiple` equal parts. Returns `rows`
-        (`[batch_size // block * distinct_block]` indices into this batch), `source` (`[batch_size]`: where in its
-        own pass's slice of `rows` each row's twin is) and `distinct_block`.
-        """
-        if block < 1 or rows_per_pass % block or self.batch_size % rows_per_pass:
-            raise ValueError(
-                f"{self.batch_size} rows do not split into passes of {rows_per_pass} rows in blocks of {block}"
-            )
-        row_keys = np.concatenate([np.asarray(self.tokens), np.asarray(self.attention_mask)], axis=1)
-        blocks, twin_in_block = [], np.empty(self.batch_size, dtype=np.int32)
-        for start in range(0, self.batch_size, block):
-            position: dict[bytes, int] = {}  # a row's contents -> their place among the block's distinct rows
-            distinct = []
-            for row in range(start, start + block):
-                key = row_keys[row].tobytes()
-                if key not in position:
-                    position[key] = len(distinct)
-                    distinct.append(row)
-                twin_in_block[row] = position[key]
-            blocks.append(distinct)
-        largest = max(len(distinct) for distinct in blocks)
-        blocks_per_pass = rows_per_pass // block
-        sizes = [2**k for k in range(block.bit_length()) if 2**k < block] + [block]
-        distinct_block = next(
-            size for size in sizes if size >= largest and blocks_per_pass * size % row_multiple == 0 or size == block
-        )
-        rows = np.concatenate([distinct + distinct[:1] * (distinct_block - len(distinct)) for distinct in blocks])
-        block_in_pass = np.arange(self.batch_size) % rows_per_pass // block
-        return rows, block_in_pass * distinct_block + twin_in_block, distinct_block
 
 
 def bucket_length(length: int, length_buckets: Sequence[int]) -> int:

@@ -97,60 +97,6 @@ def test_prompt_block_is_the_largest_aligned_run_of_one_prompt(prompts, rows_per
         batch.prompt_block_size(3)
 
 
-def _two_groups(completions):
-    return build(
-        prompt_ids=[[1, 2]] * 4 + [[3]] * 4,
-        completion_ids=completions,
-        sampler_logprobs=[[-1.0] * len(c) for c in completions],
-        advantages=[0.0] * 8,
-        group_ids=[0] * 4 + [1] * 4,
-        pad_id=0,
-        length_buckets=(6,),
-        completion_buckets=(3,),
-    )
-
-
-@pytest.mark.parametrize(
-    "block, rows_per_pass, row_multiple, expected_rows, expected_source, expected_block",
-    [
-        # Group 0 holds two distinct completions, group 1 three: each is padded to 4 with its first row.
-        (4, 8, 1, [0, 1, 0, 0, 4, 5, 7, 4], [0, 1, 0, 1, 4, 5, 4, 6], 4),
-        # Passes of one group each: sources count from their own pass's first row.
-        (4, 4, 1, [0, 1, 0, 0, 4, 5, 7, 4], [0, 1, 0, 1, 0, 1, 0, 2], 4),
-        # Pairs: rows are matched only within their block, so rows 0 and 2, twins in different pairs, both run.
-        (2, 8, 1, [0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5, 6, 7], 2),
-        # The whole pass as one block (no shared prompt): 5 distinct rows, padded to 8.
-        (8, 8, 1, [0, 1, 4, 5, 7, 0, 0, 0], [0, 1, 0, 1, 2, 3, 2, 4], 8),
-    ],
-)
-def test_distinct_rows_run_each_row_of_a_block_once_and_point_every_row_at_its_twin(
-    block, rows_per_pass, row_multiple, expected_rows, expected_source, expected_block
-):
-    # The same completion after a different prompt ([9] after [3] in row 4, after [1, 2] in row 0) is a different row.
-    batch = _two_groups([[9], [10, 11], [9], [10, 11], [9], [10], [9], [12]])
-    rows, source, distinct_block = batch.distinct_rows(block, rows_per_pass, row_multiple)
-    assert (rows.tolist(), source.tolist(), distinct_block) == (expected_rows, expected_source, expected_block)
-    tokens = np.asarray(batch.tokens)
-    run_tokens = tokens[rows].reshape(8 // rows_per_pass, -1, tokens.shape[1])
-    for row in range(8):
-        np.testing.assert_array_equal(run_tokens[row // rows_per_pass, source[row]], tokens[row])
-
-
-def test_distinct_rows_pad_each_block_so_that_passes_split_over_the_devices():
-    batch = _two_groups([[9]] * 8)
-    assert batch.distinct_rows(4, 4)[2] == 1  # one distinct row per group
-    rows, source, distinct_block = batch.distinct_rows(4, 4, row_multiple=2)
-    assert (rows.tolist(), source.tolist(), distinct_block) == ([0, 0, 4, 4], [0] * 8, 2)
-    # A block of 3 identical rows over 2 devices runs 2 of them; over 3, nothing smaller than the block splits.
-    three = batch.rows(slice(0, 3))
-    assert three.distinct_rows(3, 3, row_multiple=2)[2] == 2
-    assert three.distinct_rows(3, 3, row_multiple=3)[2] == 3
-    with pytest.raises(ValueError, match="do not split"):
-        batch.distinct_rows(3, 8)
-    with pytest.raises(ValueError, match="do not split"):
-        batch.distinct_rows(4, 3)
-
-
 def test_lengths_snap_to_buckets():
     assert bucket_length(5, (4, 8, 16)) == 8
     assert bucket_length(8, (16, 8)) == 8
