@@ -13,7 +13,7 @@ from flax import nnx
 
 from launch import distributed
 from models import ModelConfig, Transformer
-from models.testing import tiny_config
+from tests.tiny_models import tiny_config
 from rl.learner import Learner, LearnerConfig
 from rl.loop import LoopConfig, TrainingLoop
 

@@ -20,7 +20,7 @@ from env.workflow import Step, Workflow, render_workflow
 from env.worlds import SyntheticWorldConfig, build_world
 from launch.serve import ChatServer, ConductorService, ServeConfig, attempt_temperatures
 from models import zoo
-from models.testing import tiny_hf_model_dir
+from tests.tiny_models import tiny_hf_model_dir
 from models.tokenizer import load_tokenizer
 from rollout.torch_generator import TorchGenerator
 from rollout.types import Completion, SamplingParams

@@ -24,7 +24,7 @@ from launch import teachers
 from launch.teachers import TeacherConfig
 from launch.loop_environment import TokenizedConductorEnv
 from models import ModelConfig, Transformer, zoo
-from models.testing import tiny_config
+from tests.tiny_models import tiny_config
 from models.tokenizer import load_tokenizer
 from rl.loop import question_order
 from rl.supervised import SFTConfig, SupervisedTrainer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models import testing
+from tests import tiny_models
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +17,7 @@ def tiny_model_dir(tmp_path_factory):
         key = (family, tuple(sorted(overrides.items())))
         if key not in built:
             path = tmp_path_factory.mktemp(f"tiny_{family}")
-            built[key] = testing.tiny_hf_model_dir(path, family, **overrides)
+            built[key] = tiny_models.tiny_hf_model_dir(path, family, **overrides)
         return built[key]
 
     return build

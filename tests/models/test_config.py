@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import pytest
 import transformers
 
-from models import ModelConfig, testing
+from models import ModelConfig
+from tests import tiny_models
 
 
 def test_reads_a_qwen2_config_in_the_older_top_level_rope_theta_format():
@@ -25,7 +26,7 @@ def test_reads_a_qwen2_config_in_the_older_top_level_rope_theta_format():
 @pytest.mark.parametrize("family,bias,qk_norm", [("llama", False, False), ("qwen2", True, False),
                                                    ("qwen3", False, True)])
 def test_reads_the_transformers_serialised_config_of_each_family(tmp_path, family, bias, qk_norm):
-    hf_config = transformers.AutoConfig.for_model(**testing.tiny_config(family, rope_theta=5000.0))
+    hf_config = transformers.AutoConfig.for_model(**tiny_models.tiny_config(family, rope_theta=5000.0))
     hf_config.save_pretrained(tmp_path)
     config = ModelConfig.from_hf(tmp_path, dtype="bfloat16", remat=True)
     assert (config.family, config.attention_bias, config.qk_norm) == (family, bias, qk_norm)
@@ -36,7 +37,7 @@ def test_reads_the_transformers_serialised_config_of_each_family(tmp_path, famil
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_to_hf_dict_round_trips_through_transformers(tmp_path, family):
-    config = ModelConfig.from_hf(testing.tiny_config(family, tie_word_embeddings=False, rope_theta=123.0))
+    config = ModelConfig.from_hf(tiny_models.tiny_config(family, tie_word_embeddings=False, rope_theta=123.0))
     (tmp_path / "config.json").write_text(json.dumps(config.to_hf_dict()))
     reread = transformers.AutoConfig.from_pretrained(tmp_path)
     assert reread.model_type == family
@@ -66,7 +67,7 @@ def test_rejects_inconsistent_fields(changes, message):
     ({"use_sliding_window": True}, "sliding-window"),
 ])
 def test_from_hf_rejects_architectures_it_would_compute_wrongly(override, message):
-    hf = testing.tiny_config("qwen2")
+    hf = tiny_models.tiny_config("qwen2")
     hf.pop("rope_parameters", None)
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_hf({**hf, **override})

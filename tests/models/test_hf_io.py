@@ -12,7 +12,8 @@ import torch
 import transformers
 from flax import nnx
 
-from models import ModelConfig, Transformer, hf_io, testing
+from models import ModelConfig, Transformer, hf_io
+from tests import tiny_models
 from tests.models.conftest import padded_batch
 
 
@@ -23,7 +24,7 @@ def logits(model, batch):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_name_map_covers_exactly_the_transformers_state_dict(family):
-    hf_config = testing.tiny_config(family)
+    hf_config = tiny_models.tiny_config(family)
     torch_model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**hf_config))
     torch_shapes = {name: tuple(p.shape) for name, p in torch_model.named_parameters()}
     model = Transformer(ModelConfig.from_hf(hf_config), rngs=nnx.Rngs(0))
@@ -32,8 +33,10 @@ def test_name_map_covers_exactly_the_transformers_state_dict(family):
 
 
 def test_tied_model_emits_no_lm_head_and_untied_does():
-    tied = Transformer(ModelConfig.from_hf(testing.tiny_config("llama", tie_word_embeddings=True)), rngs=nnx.Rngs(0))
-    untied = Transformer(ModelConfig.from_hf(testing.tiny_config("llama", tie_word_embeddings=False)),
+    tied = Transformer(
+        ModelConfig.from_hf(tiny_models.tiny_config("llama", tie_word_embeddings=True)), rngs=nnx.Rngs(0)
+    )
+    untied = Transformer(ModelConfig.from_hf(tiny_models.tiny_config("llama", tie_word_embeddings=False)),
                          rngs=nnx.Rngs(0))
     assert "lm_head.weight" not in hf_io.to_hf_tensors(tied)
     assert hf_io.to_hf_tensors(untied)["lm_head.weight"].shape == (256, 64)
@@ -109,11 +112,11 @@ def test_saved_bf16_model_keeps_bf16_on_disk(tiny_model_dir, tmp_path):
 def test_load_reports_a_missing_tensor_and_a_missing_checkpoint(tiny_model_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         hf_io.load(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps(testing.tiny_config("qwen2")))
+    (tmp_path / "config.json").write_text(json.dumps(tiny_models.tiny_config("qwen2")))
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         hf_io.load(tmp_path)
     llama_dir = tiny_model_dir("llama")  # tied: has no lm_head.weight, which an untied qwen2 config needs
     (tmp_path / "model.safetensors").write_bytes((llama_dir / "model.safetensors").read_bytes())
-    (tmp_path / "config.json").write_text(json.dumps(testing.tiny_config("llama", tie_word_embeddings=False)))
+    (tmp_path / "config.json").write_text(json.dumps(tiny_models.tiny_config("llama", tie_word_embeddings=False)))
     with pytest.raises(KeyError, match="lm_head.weight"):
         hf_io.load(tmp_path)

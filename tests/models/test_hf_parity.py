@@ -9,7 +9,8 @@ import torch
 import transformers
 from flax import nnx
 
-from models import ModelConfig, Transformer, hf_io, testing
+from models import ModelConfig, Transformer, hf_io
+from tests import tiny_models
 from tests.models.conftest import padded_batch
 
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -55,7 +56,7 @@ def test_left_padded_rows_equal_the_unpadded_sequences(tiny_model_dir):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_flax_initialised_model_saved_to_hf_gives_the_same_logits_in_transformers(tmp_path, family):
-    config = ModelConfig.from_hf(testing.tiny_config(family))
+    config = ModelConfig.from_hf(tiny_models.tiny_config(family))
     model = Transformer(config, rngs=nnx.Rngs(7))
     # Redraw at a scale where every tensor matters: norms away from 1, matrices well above N(0, 0.02).
     rng = np.random.default_rng(1)

@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models import ModelConfig, Transformer, testing
+from models import ModelConfig, Transformer
 from models.logprobs import token_logprobs
+from tests import tiny_models
 from tests.models.conftest import padded_batch
 
 BATCH, LENGTH, VOCAB = 3, 10, 256
 
 
 def make_model(family="qwen2"):
-    return Transformer(ModelConfig.from_hf(testing.tiny_config(family)), rngs=nnx.Rngs(0))
+    return Transformer(ModelConfig.from_hf(tiny_models.tiny_config(family)), rngs=nnx.Rngs(0))
 
 
 def make_inputs(model):

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models import ModelConfig, Transformer, testing
+from models import ModelConfig, Transformer
 from models.logprobs import completion_predictors
+from tests import tiny_models
 from tests.models.conftest import padded_batch
 
 PROMPT, COMPLETION, VOCAB = 9, 5, 256
@@ -41,7 +42,7 @@ def shared_prefix_hidden(model, full, prefix, group):
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])  # q/k/v biases, q/k norms, plain
 def test_completions_continued_from_a_shared_prompt_cache_equal_the_full_rows(family):
-    model = Transformer(ModelConfig.from_hf(testing.tiny_config(family)), rngs=nnx.Rngs(0))
+    model = Transformer(ModelConfig.from_hf(tiny_models.tiny_config(family)), rngs=nnx.Rngs(0))
     full, prefix = grouped_rows((9, 4, 6), (5, 2, 4, 1), group=4)
     expected = model(*(jnp.asarray(x) for x in full))[:, PROMPT:]
     shared = shared_prefix_hidden(model, full, prefix, group=4)
@@ -51,7 +52,7 @@ def test_completions_continued_from_a_shared_prompt_cache_equal_the_full_rows(fa
 
 
 def test_gradients_through_a_shared_prompt_cache_equal_the_full_rows_gradients():
-    model = Transformer(ModelConfig.from_hf(testing.tiny_config("qwen2")), rngs=nnx.Rngs(0))
+    model = Transformer(ModelConfig.from_hf(tiny_models.tiny_config("qwen2")), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     full, prefix = grouped_rows((9, 3), (5, 2, 4), group=3)
     width = model.config.hidden_size
@@ -77,7 +78,7 @@ def test_gradients_through_a_shared_prompt_cache_equal_the_full_rows_gradients()
 
 
 def test_a_prefix_cache_with_the_wrong_number_of_rows_is_rejected():
-    model = Transformer(ModelConfig.from_hf(testing.tiny_config("llama")), rngs=nnx.Rngs(0))
+    model = Transformer(ModelConfig.from_hf(tiny_models.tiny_config("llama")), rngs=nnx.Rngs(0))
     full, prefix = grouped_rows((9, 4), (5,), group=2)
     _, cache = model.encode_prefix(*(jnp.asarray(x) for x in prefix))
     with pytest.raises(ValueError, match="prefix has 2 rows"):
@@ -86,7 +87,7 @@ def test_a_prefix_cache_with_the_wrong_number_of_rows_is_rejected():
 
 @pytest.mark.parametrize("prompt_block", [1, 2, 4])
 def test_completion_predictors_are_the_states_one_column_before_each_completion_token(prompt_block):
-    model = Transformer(ModelConfig.from_hf(testing.tiny_config("qwen3")), rngs=nnx.Rngs(0))
+    model = Transformer(ModelConfig.from_hf(tiny_models.tiny_config("qwen3")), rngs=nnx.Rngs(0))
     full, _ = grouped_rows((9, 4, 6), (5, 2, 4, 1), group=4)
     tokens, positions, mask = (jnp.asarray(x) for x in full)
     expected = model(tokens, positions, mask)[:, PROMPT - 1 : -1]
@@ -98,7 +99,7 @@ def test_completion_predictors_are_the_states_one_column_before_each_completion_
 
 
 def test_completion_predictors_reject_a_missing_prompt_and_unaligned_blocks():
-    model = Transformer(ModelConfig.from_hf(testing.tiny_config("llama")), rngs=nnx.Rngs(0))
+    model = Transformer(ModelConfig.from_hf(tiny_models.tiny_config("llama")), rngs=nnx.Rngs(0))
     full, _ = grouped_rows((9, 4, 6), (5,), group=2)
     inputs = [jnp.asarray(x) for x in full]
     with pytest.raises(ValueError, match="completion_start must be >= 1"):

@@ -10,9 +10,10 @@ import torch
 import transformers
 from flax import nnx
 
-from models import ModelConfig, Transformer, hf_io, testing
+from models import ModelConfig, Transformer, hf_io
 from models.decode import greedy_decode
 from models.logprobs import token_logprobs
+from tests import tiny_models
 from tests.models.conftest import padded_batch
 
 
@@ -25,7 +26,7 @@ def test_remat_gives_the_same_gradients_as_no_remat():
 
     grads, checkpoints = {}, {}
     for remat in (False, True):
-        config = ModelConfig.from_hf(testing.tiny_config("qwen3"), remat=remat)
+        config = ModelConfig.from_hf(tiny_models.tiny_config("qwen3"), remat=remat)
         model = Transformer(config, rngs=nnx.Rngs(3))
         checkpoints[remat] = str(jax.make_jaxpr(nnx.grad(loss))(model)).count("remat2[")
         grads[remat] = jax.tree.leaves(nnx.grad(loss)(model))
@@ -66,7 +67,7 @@ def test_greedy_decode_rejects_empty_prompt_and_zero_budget(tiny_model_dir):
 
 
 def test_model_rejects_mismatched_input_shapes():
-    model = Transformer(ModelConfig.from_hf(testing.tiny_config("llama")), rngs=nnx.Rngs(0))
+    model = Transformer(ModelConfig.from_hf(tiny_models.tiny_config("llama")), rngs=nnx.Rngs(0))
     tokens = jnp.zeros((2, 5), jnp.int32)
     with pytest.raises(ValueError, match="same \\[batch, time\\] shape"):
         model(tokens, jnp.zeros((2, 4), jnp.int32), jnp.ones((2, 5), bool))

@@ -10,7 +10,6 @@ from flax import nnx
 
 from models.config import ModelConfig
 from models.sharding import make_mesh
-from models.testing import tiny_config
 from models.transformer import Transformer
 from rl import advantages
 from rl.checkpoint import Checkpointer
@@ -19,6 +18,7 @@ from rl.learner import Learner, LearnerConfig, OptimizerConfig
 from rl.losses import LossConfig
 from rl.trajectories import build
 from tests.rl.helpers import SGDConfig, assert_same_training_state
+from tests.tiny_models import tiny_config
 
 # One layer keeps compilation, which dominates these tests on a CPU, short.
 CONFIG = ModelConfig.from_hf(tiny_config("llama", num_hidden_layers=1))

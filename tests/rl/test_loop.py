@@ -14,7 +14,6 @@ import pytest
 from flax import nnx
 
 from models.config import ModelConfig
-from models.testing import tiny_config
 from models.transformer import Transformer
 from rl.checkpoint import Checkpointer
 from rl.learner import LearnerConfig, OptimizerConfig
@@ -23,6 +22,7 @@ from rl.losses import LossConfig
 from rl.metrics import MetricsWriter
 from rollout.types import SamplingParams
 from tests.rl.helpers import RecordingLearner, SeededSampler
+from tests.tiny_models import tiny_config
 
 VOCAB = 256
 

@@ -18,7 +18,6 @@ from launch.loop_environment import TokenizedConductorEnv
 from launch.outcomes import conductor_outcomes
 from models import zoo
 from models.config import ModelConfig
-from models.testing import tiny_config
 from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
 from rl import advantages
@@ -27,6 +26,7 @@ from rl.loop import LoopConfig, Rollout, TrainingLoop
 from rl.metrics import MetricsWriter
 from rollout.types import Completion, SamplingParams
 from tests.rl.helpers import RecordingLearner, SeededSampler
+from tests.tiny_models import tiny_config
 
 DISCOUNT = 0.2
 

@@ -9,12 +9,12 @@ from flax import nnx
 
 from models.config import ModelConfig
 from models.sharding import make_mesh
-from models.testing import tiny_config
 from models.transformer import Transformer
 from rl import advantages
 from rl.checkpoint import Checkpointer
 from rl.learner import Learner, LearnerConfig, OptimizerConfig
 from rl.trajectories import build
+from tests.tiny_models import tiny_config
 
 CONFIG = ModelConfig.from_hf(tiny_config("llama", num_hidden_layers=1))
 

@@ -5,11 +5,11 @@ import pytest
 from flax import nnx
 
 from models.config import ModelConfig
-from models.testing import tiny_config
 from models.transformer import Transformer
 from rl.learner import OptimizerConfig
 from rl.supervised import Example, SFTConfig, SupervisedTrainer, negative_log_likelihood, probe_cross_entropy
 from tests.rl.helpers import SGDConfig, assert_same_sgd_state
+from tests.tiny_models import tiny_config
 
 CONFIG = ModelConfig.from_hf(tiny_config("llama"))
 OPTIMIZER = OptimizerConfig(learning_rate=3e-3, schedule="constant", total_steps=1)

@@ -14,7 +14,6 @@ from flax import nnx
 
 from models.config import ModelConfig
 from models.sharding import make_mesh
-from models.testing import tiny_config
 from models.transformer import Transformer
 from rl import advantages
 from rl.learner import Learner, LearnerConfig, OptimizerConfig, optimizer_steps_per_update
@@ -23,6 +22,7 @@ from rl.losses import LossConfig
 from rl.trajectories import build
 from rollout.types import SamplingParams
 from tests.rl.helpers import RecordingLearner, SeededSampler
+from tests.tiny_models import tiny_config
 
 CONFIG = ModelConfig.from_hf(tiny_config("llama", num_hidden_layers=1))
 # Padding changes the passes and devices the rows are summed over, so parameters agree to fp32 rounding, not bits.

@@ -7,10 +7,10 @@ import pytest
 import torch
 import transformers
 
-from models.testing import tiny_hf_model_dir
 from rollout.sampling import filter_logits, inverse_cdf_draw
 from rollout.torch_generator import TorchGenerator
 from rollout.types import SamplingParams
+from tests.tiny_models import tiny_hf_model_dir
 
 PROMPTS = [[5, 17, 33, 9], [100, 7], [64, 65, 66]]
 

@@ -11,7 +11,6 @@ import torch
 import rollout.transport
 from models import hf_io
 from models.decode import greedy_decode
-from models.testing import tiny_hf_model_dir
 from rl.learner import Learner, LearnerConfig, OptimizerConfig
 from rl.trajectories import build
 from rollout.sglang_generator import SGLangConfig, SGLangGenerator
@@ -20,6 +19,7 @@ from rollout.transport import read_checkpoint
 from rollout.types import SamplingParams
 from rollout.weight_sync import hf_torch_tensors, jax_to_torch, save_checkpoint, sync
 from tests.rollout.fake_sglang import FakeSGLang
+from tests.tiny_models import tiny_hf_model_dir
 
 PROMPTS = [[5, 17, 33, 9], [100, 7], [64, 65, 66]]
 
