@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 FAMILIES = ("llama", "qwen2", "qwen3")
-ATTENTION_IMPLEMENTATIONS = ("einsum", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "cudnn")
 
 _SUPPORTED_ROPE_TYPES = (None, "default")
 _SUPPORTED_ACTIVATIONS = ("silu",)
@@ -36,8 +36,9 @@ class ModelConfig:
     queries and keys before RoPE (Qwen3). `param_dtype` is the storage dtype of the weights, `dtype` the dtype
     matmuls run in; norms, RoPE and softmax always run in float32. `remat` rematerialises each layer in the
     backward pass, trading compute for activation memory. `attention_implementation` is "einsum" (scores as
-    explicit matmuls and a float32 softmax; every backend) or "cudnn" (cuDNN's fused attention on NVIDIA GPUs, for
-    calls without a prefix cache; calls with one keep the einsum path).
+    explicit matmuls and a float32 softmax; every backend), "cudnn" (cuDNN's fused attention, NVIDIA GPUs only) or
+    "auto" (cuDNN where it applies: a CUDA backend, a 16-bit compute dtype and a head_dim cuDNN takes; else einsum).
+    Calls with a prefix cache always take the einsum path.
     """
 
     family: str
@@ -57,7 +58,7 @@ class ModelConfig:
     param_dtype: Any = "float32"
     dtype: Any = "float32"
     remat: bool = False
-    attention_implementation: str = "einsum"
+    attention_implementation: str = "auto"
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:

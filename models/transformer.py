@@ -69,6 +69,22 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, 0], is_causal=True, implementation=implementation)
 
 
+def uses_fused_attention(config: ModelConfig) -> bool:
+    """Whether calls without a prefix cache take `fused_attention` on cuDNN (see `ModelConfig`)."""
+    if config.attention_implementation != "auto":
+        return config.attention_implementation == "cudnn"
+    # cuDNN's flash attention takes fp16/bf16 operands and head sizes that are multiples of 8, up to 128 on every
+    # cuDNN 9 release; "gpu" is also ROCm's backend name, hence the platform check.
+    device = jax.devices()[0]
+    return (
+        device.platform == "gpu"
+        and "cuda" in device.client.platform_version.lower()
+        and jnp.dtype(config.dtype).itemsize == 2
+        and config.head_dim % 8 == 0
+        and config.head_dim <= 128
+    )
+
+
 class PrefixCache(NamedTuple):
     """Keys and values (RoPE applied) of a prefix, per layer `[B, S, kv_heads, head_dim]`, and its real tokens
     `[B, S]`. A later call attends to it as to earlier columns of the same rows, and gradients flow back into it."""
@@ -117,7 +133,7 @@ class Attention(nnx.Module):
         if prefix is not None:
             k, v = jnp.concatenate([prefix[0], k], axis=1), jnp.concatenate([prefix[1], v], axis=1)
 
-        if config.attention_implementation == "cudnn" and prefix is None:
+        if prefix is None and uses_fused_attention(config):
             out = fused_attention(q, k, v, mask, implementation="cudnn")
             return self.o_proj(out.reshape(batch * length, config.num_heads * config.head_dim)), own_kv
 

@@ -46,7 +46,7 @@ from launch.benchmark_suites.common import Report, timed
 from models import hf_io, zoo
 from models.config import ModelConfig
 from models.sharding import make_mesh
-from models.transformer import Transformer
+from models.transformer import Transformer, uses_fused_attention
 from rl.learner import Learner, LearnerConfig, OptimizerConfig
 from rl.losses import LossConfig
 from rl.trajectories import build
@@ -63,13 +63,15 @@ MATMUL_SIZE = 2048
 GOAL_RATIO = 1.2
 
 # On an accelerator: a bf16 update (bf16 matmuls, float32 weights and AdamW state) of a model shaped like
-# Qwen2.5-1.5B (its config.json; random weights), 8 x (512 + 512) tokens in micro-batches of 2.
+# Qwen2.5-1.5B (its config.json; random weights), 8 x (512 + 512) tokens.
 QWEN25_1_5B = {
     "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
     "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128,
     "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 32768,
 }  # fmt: skip
-ACCELERATOR_SHAPE = dict(batch=8, prompt=512, completion=512, micro_batch=2)
+# One micro-batch of all 8 rows: the update's activations then fit a 80 GB H100 beside the weights and AdamW state
+# (the figures report the peak), and the matmuls see 8192 rows rather than 2048.
+ACCELERATOR_SHAPE = dict(batch=8, prompt=512, completion=512, micro_batch=8)
 ACCELERATOR_MATMUL_SIZE = 8192
 # One matmul per call would time the launch and the host's wait with it: an 8192^3 bf16 matmul takes about a
 # millisecond on a current GPU, and one per call measured well under the peak seen through torch
@@ -85,6 +87,12 @@ def _matmul_flops_per_s(dtype=jnp.float32, size: int = MATMUL_SIZE, chained: int
     chain = jax.jit(lambda x, w: functools.reduce(lambda y, _: y @ w, range(chained), x))
     seconds = timed(lambda: chain(x, w).block_until_ready(), repeats=3)
     return chained * 2 * size**3 / min(seconds)
+
+
+def _peak_memory() -> dict[str, float]:
+    """The default device's peak memory in use so far, in GiB, where its backend reports it (GPUs and TPUs do)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"peak_device_memory_gib": round(stats["peak_bytes_in_use"] / 2**30, 2)} if "peak_bytes_in_use" in stats else {}
 
 
 def _random_batch(*, batch: int, prompt: int, completion: int, vocab: int, groups: int, shared_prompts: bool):
@@ -177,7 +185,7 @@ def run() -> Report:
 
 def accelerator_update(
     hf_config: dict, *, batch: int, prompt: int, completion: int, micro_batch: int,
-    matmul_size: int = ACCELERATOR_MATMUL_SIZE, mesh: Mesh | None = None, attention_implementation: str = "einsum",
+    matmul_size: int = ACCELERATOR_MATMUL_SIZE, mesh: Mesh | None = None, attention_implementation: str = "auto",
     profile_dir: str | None = None,
 ) -> Report:
     """Tokens/s and MFU of `Learner.update` with bf16 matmuls and float32 weights on the default device (on `mesh`,
@@ -219,6 +227,8 @@ def accelerator_update(
             "completion_tokens": completion,
             "micro_batch_size": micro_batch,
             "attention_implementation": attention_implementation,
+            "fused_attention": uses_fused_attention(config),
+            **_peak_memory(),
             "dtype": "bfloat16 matmuls, float32 weights",
             "flax_tokens_per_s": round(n_tokens / median, 1),
             "flax_mfu": round(flops / median / peak, 4),

@@ -174,15 +174,17 @@ def test_learner_options_report_each_option_a_failure_and_what_the_time_box_left
             raise RuntimeError("cuDNN fused attention needs an NVIDIA GPU")
         return accelerator_update(SMALL_QWEN2, **(settings | {"prompt": 8, "completion": 8, "matmul_size": 64}))
 
+    options = ({"attention_implementation": "cudnn"}, {"micro_batch": 2}, {"micro_batch": 4})
     monkeypatch.setattr(learner_suite, "accelerator_update", update)
+    monkeypatch.setattr(gpu, "LEARNER_OPTIONS", options)
     figures = gpu.learner_options(time_box_s=10_000)
 
-    names = ["attention_implementation=cudnn", "micro_batch=8", "attention_implementation=cudnn,micro_batch=8"]
-    assert list(figures) == names
+    names = [",".join(f"{key}={value}" for key, value in option.items()) for option in options]
+    assert list(figures) == names == ["attention_implementation=cudnn", "micro_batch=2", "micro_batch=4"]
     assert figures[names[0]] == {"error": "RuntimeError: cuDNN fused attention needs an NVIDIA GPU"}
-    assert figures[names[1]]["micro_batch_size"] == 8 and figures[names[1]]["attention_implementation"] == "einsum"
-    assert calls[1]["micro_batch"] == 8 and calls[0]["attention_implementation"] == "cudnn"
-    assert all(call["micro_batch"] in (2, 8) for call in calls)
+    assert figures[names[1]]["micro_batch_size"] == 2 and figures[names[2]]["micro_batch_size"] == 4
+    assert figures[names[1]]["attention_implementation"] == "auto" and not figures[names[1]]["fused_attention"]
+    assert [call["micro_batch"] for call in calls] == [learner_suite.ACCELERATOR_SHAPE["micro_batch"], 2, 4]
 
     skipped = gpu.learner_options(time_box_s=gpu.LEARNER_OPTION_S - 1)
     assert all(option["skipped"].startswith(f"under {gpu.LEARNER_OPTION_S} s") for option in skipped.values())
@@ -232,7 +234,7 @@ def test_the_report_has_a_row_per_figure_and_the_json_line_holds_every_part(caps
                "note": "the learner's note",
                "kernels": {"by_kind": {"matmul": {"seconds": 0.2, "share": 0.625},
                                        "fusion or other": {"seconds": 0.12, "share": 0.375}}}}  # fmt: skip
-    options = {"attention_implementation=cudnn": {"median_s": 0.25, "flax_mfu": 0.372},
+    options = {"attention_implementation=einsum": {"median_s": 0.25, "flax_mfu": 0.372},
                "micro_batch=8": {"error": "XlaRuntimeError: RESOURCE_EXHAUSTED"},
                "attention_implementation=cudnn,micro_batch=8": {"skipped": "under 100 s of the 300 s time box left"},
                "part_s": 90.0}  # fmt: skip
@@ -251,7 +253,7 @@ def test_the_report_has_a_row_per_figure_and_the_json_line_holds_every_part(caps
     assert rows[("learner", "kernel time share: matmul")] == "0.625"
     assert rows[("learner", "kernel time share: fusion or other")] == "0.375"
     assert rows[("sync", "FAILED")] == "RuntimeError: CUDA out of memory"
-    assert rows[("learner_options", "attention_implementation=cudnn: update s (median) / MFU")] == "0.2500 / 0.372"
+    assert rows[("learner_options", "attention_implementation=einsum: update s (median) / MFU")] == "0.2500 / 0.372"
     assert rows[("learner_options", "micro_batch=8")] == "XlaRuntimeError: RESOURCE_EXHAUSTED"
     assert rows[("learner_options", "attention_implementation=cudnn,micro_batch=8")].startswith("under 100 s")
     lines = capsys.readouterr().out.splitlines()

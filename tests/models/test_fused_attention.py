@@ -54,3 +54,38 @@ def test_the_fused_path_is_what_runs_when_asked_for(monkeypatch):
 def test_an_unknown_attention_implementation_is_refused():
     with pytest.raises(ValueError, match="attention_implementation must be one of"):
         CONFIG.replace(attention_implementation="flash")
+
+
+class _Device:
+    """What `uses_fused_attention` reads of `jax.devices()[0]`."""
+
+    def __init__(self, platform: str, platform_version: str):
+        self.platform = platform
+        self.client = type("Client", (), {"platform_version": platform_version})()
+
+
+@pytest.mark.parametrize(
+    "device, dtype, head_dim, fused",
+    [
+        (_Device("gpu", "PJRT C API\ncuda 13000"), "bfloat16", 128, True),
+        (_Device("gpu", "PJRT C API\ncuda 13000"), "float16", 64, True),
+        (_Device("gpu", "PJRT C API\ncuda 13000"), "float32", 128, False),  # cuDNN's flash kernels are 16-bit only
+        (_Device("gpu", "PJRT C API\ncuda 13000"), "bfloat16", 256, False),
+        (_Device("gpu", "PJRT C API\nrocm 60302"), "bfloat16", 128, False),  # ROCm is "gpu" too, without cuDNN
+        (_Device("cpu", "cpu"), "bfloat16", 128, False),
+        (_Device("tpu", "PJRT C API\nTFRT TPU v5e"), "bfloat16", 128, False),
+    ],
+)
+def test_auto_takes_cudnn_only_on_a_cuda_gpu_with_16_bit_matmuls_and_a_head_size_it_supports(
+    monkeypatch, device, dtype, head_dim, fused
+):
+    monkeypatch.setattr(jax, "devices", lambda *args: [device])
+    config = CONFIG.replace(dtype=dtype, head_dim=head_dim)
+    assert transformer.uses_fused_attention(config) is fused
+    assert transformer.uses_fused_attention(config.replace(attention_implementation="einsum")) is False
+    assert transformer.uses_fused_attention(config.replace(attention_implementation="cudnn")) is True
+
+
+def test_auto_on_this_machines_cpu_backend_keeps_the_einsum_path():
+    assert CONFIG.attention_implementation == "auto"
+    assert transformer.uses_fused_attention(CONFIG.replace(dtype="bfloat16")) is (jax.default_backend() == "gpu")
