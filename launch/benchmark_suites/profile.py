@@ -18,8 +18,9 @@ import jax
 # Triton GEMMs carry "gemm" or "triton_gemm"); cuDNN's fused attention shows as "cudnn" or "fmha"/"flash"; copies and
 # fills are the runtime's; everything else is an XLA fusion or a reduction.
 KINDS = (
-    ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|sm\d+_.*(tensorop|mma)|dot", re.IGNORECASE)),
+    # First: cuDNN's attention kernels carry matmul words too ("..._flash_bprop_wgmma_...").
     ("attention", re.compile(r"cudnn|fmha|flash|attention", re.IGNORECASE)),
+    ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|sm\d+_.*(tensorop|mma)|dot", re.IGNORECASE)),
     ("copy", re.compile(r"memcpy|memset|copy", re.IGNORECASE)),
 )
 

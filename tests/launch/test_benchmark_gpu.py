@@ -15,7 +15,7 @@ import torch
 import transformers
 from flax import nnx
 
-from launch.benchmark_suites import common, gpu
+from launch.benchmark_suites import common, gpu, profile
 from launch.benchmark_suites import learner as learner_suite
 from launch.benchmark_suites import sync as sync_suite
 from models import hf_io
@@ -261,3 +261,19 @@ def test_the_report_has_a_row_per_figure_and_the_json_line_holds_every_part(caps
     figures = json.loads(lines[-1])
     assert figures["gpu"] == "NVIDIA H100 80GB HBM3" and figures["goal_met"]
     assert figures["quickstart"]["iterations"] == 2 and figures["sync"] == {"error": "RuntimeError: CUDA out of memory"}
+
+
+@pytest.mark.parametrize(
+    "kernel, kind",
+    [  # kernel names from the H200 traces of the learner update
+        ("nvjet_sm90_tst_128x128_64x6_1x2_h_bz_NTT", "matmul"),
+        ("gemm_fusion_dot_general_801", "matmul"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x4x1_cga1x1x1_kernel0_0",
+         "attention"),
+        ("input_reduce_fusion_13", "fusion or other"),
+        ("loop_add_fusion_117", "fusion or other"),
+        ("wrapped_convert_6", "fusion or other"),
+    ],
+)
+def test_kernels_are_told_apart_by_kind(kernel, kind):
+    assert profile.kind_of(kernel) == kind
