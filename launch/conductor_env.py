@@ -5,11 +5,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any
-
 from env.gym_env import ConductorEnv, EnvConfig
 from env.workers.cache import ResponseCache
-from env.worlds import build_world
+from env.worlds import WorldConfig, build_world
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +17,7 @@ class EnvSpec:
     """The world's config (one of `env.worlds`' configs), the env's (its reward included) and the SQLite response
     cache the workers' replies go through (None: no cache)."""
 
-    world: Any
+    world: WorldConfig
     config: EnvConfig = EnvConfig()
     cache_path: str | None = None
 

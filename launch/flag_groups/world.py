@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence, get_args
+from typing import Sequence, get_args
 
 from absl import flags
 
 from env.tasks import data_files, routerdc
 from env.workers.simulated import AnswerModel, MultiStepRule
-from env.worlds import LocalWorldConfig, PaperWorldConfig, ReplayWorldConfig, SyntheticWorldConfig
+from env.worlds import LocalWorldConfig, PaperWorldConfig, ReplayWorldConfig, SyntheticWorldConfig, WorldConfig
 from launch.flag_groups import shared
 from models import zoo
 
@@ -81,7 +81,7 @@ _CONFIGS = {"synthetic": _synthetic, "replay": _replay, "local": _local, "paper"
 _WORLD = flags.DEFINE_enum("world", "synthetic", list(_CONFIGS), "The worker pool and tasks.")
 
 
-def from_flags(tasks: Sequence[str] | None = None) -> Any:
+def from_flags(tasks: Sequence[str] | None = None) -> WorldConfig:
     """The config of `--world` with `tasks` (default `--tasks`) as its question set."""
     answer_model = AnswerModel(rule=_MULTI_STEP_RULE.value, adopt_rate=_ADOPT_RATE.value)
     return _CONFIGS[_WORLD.value](list(_TASKS.value if tasks is None else tasks), answer_model)
