@@ -1,0 +1,135 @@
+"""The packages import one another only downwards (docs/design.md section 1): `models` and `env` import none of ours,
+`rl` and `rollout` only `models`, and only `launch` imports `launch`.
+
+Every import of every module of the installed packages is read from its syntax tree: `import x`, `from x import y`,
+relative imports, imports inside functions or `if TYPE_CHECKING:`, and `importlib.import_module("x")` with a literal
+name.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = ("models", "rl", "rollout", "env", "launch")
+# The packages of ours each package may import, besides its own.
+MAY_IMPORT = {
+    "models": (),
+    "env": (),
+    "rl": ("models",),
+    "rollout": ("models",),
+    "launch": ("models", "rl", "rollout", "env"),
+}
+
+
+def _module_name(path: Path, root: Path) -> list[str]:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def _imported_modules(tree: ast.AST, package: list[str]) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in `tree`, relative ones resolved against `package` (the
+    dotted package the module belongs to, as a list of its parts)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                found.append((node.lineno, node.module))
+                continue
+            if node.level - 1 > len(package):
+                found.append((node.lineno, "." * node.level + (node.module or "") + " (beyond the top level)"))
+                continue
+            base = package[: len(package) - (node.level - 1)]
+            if node.module:
+                found.append((node.lineno, ".".join([*base, node.module])))
+            else:  # `from . import x`: each name may be a module of the base package (or a package, at the top)
+                found += [(node.lineno, ".".join([*base, alias.name])) for alias in node.names]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "importlib"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def layering_violations(root: Path) -> list[str]:
+    """'path:line: package imports module' for each import, in the packages under `root`, that crosses the layering."""
+    violations = []
+    for package in OURS:
+        for path in sorted((root / package).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            module = _module_name(path, root)
+            package_parts = module if path.name == "__init__.py" else module[:-1]
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for line, imported in _imported_modules(tree, package_parts):
+                top = imported.split(".")[0]
+                if top in OURS and top != package and top not in MAY_IMPORT[package]:
+                    violations.append(f"{path.relative_to(root)}:{line}: {package} imports {imported}")
+    return violations
+
+
+def test_no_package_imports_across_the_layering():
+    violations = layering_violations(ROOT)
+    assert not violations, "imports against docs/design.md section 1:\n" + "\n".join(violations)
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_every_kind_of_import_across_the_layering_is_found(tmp_path):
+    _write(tmp_path, {
+        "models/__init__.py": "from models.config import Config\nfrom . import config\n",
+        "models/config.py": "import numpy\n\n\ndef load():\n    from rl import losses\n    return losses\n",
+        "env/__init__.py": "",
+        "env/tasks/__init__.py": "from .. import launch_helpers\nfrom ... import launch\n",
+        "env/tasks/load.py": "import importlib\n\nimportlib.import_module('rollout.types')\n",
+        "rl/__init__.py": "",
+        "rl/loop.py": "from models import Transformer\nfrom . import losses\nfrom .losses import grpo\n"
+                      "from ..env.worlds import World\n",
+        "rl/losses.py": "import typing\nif typing.TYPE_CHECKING:\n    import launch.train\n",
+        "rollout/__init__.py": "",
+        "rollout/sync.py": "import models.hf_io, rl.learner\n",
+        "launch/__init__.py": "",
+        "launch/train.py": "import env, models, rl, rollout\nfrom launch import common\nfrom . import common\n",
+        "launch/common.py": "from rl.loop import Environment\n",
+        "tests/test_x.py": "import launch.train\n",  # outside the packages: tests may import anything
+    })
+    assert layering_violations(tmp_path) == [
+        "models/config.py:5: models imports rl",
+        "rl/loop.py:4: rl imports env.worlds",
+        "rl/losses.py:3: rl imports launch.train",
+        "rollout/sync.py:1: rollout imports rl.learner",
+        "env/tasks/__init__.py:2: env imports launch",
+        "env/tasks/load.py:3: env imports rollout.types",
+    ]
+
+
+@pytest.mark.parametrize(
+    "package, source, expected",
+    [
+        (["rl"], "from . import losses", "rl.losses"),
+        (["env", "tasks"], "from ..workers import cache", "env.workers"),
+        (["env", "tasks"], "from ...launch import train", "launch"),
+        ([], "from . import launch", "launch"),
+        (["rl"], "from ... import x", "... (beyond the top level)"),
+    ],
+)
+def test_relative_imports_resolve_against_their_package(package, source, expected):
+    [(line, imported)] = _imported_modules(ast.parse(source), package)
+    assert line == 1 and imported.startswith(expected)
