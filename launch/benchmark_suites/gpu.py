@@ -5,12 +5,17 @@
   run's wall time, each phase's share of an iteration (generate, score, learn, sync: medians over the iterations
   after the first, which compiles, and totals over the whole run), and the mean reward over the first and the last
   fifth of the iterations. Stopped at `QUICKSTART_TIME_BOX_S`, it reports the iterations it finished.
-- **learner**: the learner suite's accelerator figure (`launch.benchmark_suites.learner.accelerator_update`): a bf16 update
-  of a Qwen2.5-1.5B-shaped model, its tokens/s and its MFU against the bf16 matmul rate measured in the same run.
-- **sync**: the in-process weight sync (`launch.benchmark_suites.sync.in_process_seconds`) of a Qwen2.5-1.5B-shaped model
-  (random weights) from the Flax learner into a TorchGenerator on the GPU, into a float32 generator (what
+- **learner**: the learner suite's accelerator figure (`launch.benchmark_suites.learner.accelerator_update`): a bf16
+  update of a Qwen2.5-1.5B-shaped model, its tokens/s, its MFU against the bf16 matmul rate measured in the same run
+  and its peak device memory; then one more update traced with `jax.profiler` (into `--profile_dir` when given), and
+  its kernel time by kind with the top kernels (`launch.benchmark_suites.profile`).
+- **sync**: the in-process weight sync (`launch.benchmark_suites.sync.in_process_seconds`) of a Qwen2.5-1.5B-shaped
+  model (random weights) from the Flax learner into a TorchGenerator on the GPU, into a float32 generator (what
   `--generator_device=cuda` runs) and cast to bfloat16 on the GPU into a bfloat16 one, each against a device-to-device
   copy of the same bytes.
+
+`learner_options`, run only when asked for (`run(parts=("learner_options",))`), times the same update with the
+einsum attention and with micro-batches of 2, to show what each setting is worth on the GPU at hand.
 
 Each part that fails is reported as failed and the others still run; each prints its figures as a JSON line as soon
 as it ends, so a run cut short keeps what it measured. Without a CUDA GPU that both JAX and torch see, the suite
