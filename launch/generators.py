@@ -41,7 +41,7 @@ class GeneratorConfig:
     sglang_server_tp_sizes: tuple[int, ...] | None = None
     sglang_master_address: str | None = None
     sglang_master_port: int = 29600
-    sglang_sync_backend: Literal["nccl", "gloo"] = "nccl"
+    sglang_sync_backend: str = "nccl"  # SGLangConfig.backend
     sglang_rendezvous_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:

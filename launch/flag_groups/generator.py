@@ -8,6 +8,7 @@ from absl import flags
 
 from launch.flag_groups import field_choices, field_values
 from launch.generators import WEIGHT_DTYPE_CHOICES, Engine, GeneratorConfig, Sync
+from rollout.sglang_generator import SGLangConfig
 
 _FIELDS = {
     "engine": flags.DEFINE_enum("generator", "torch", get_args(Engine), "Rollout engine."),
@@ -32,7 +33,7 @@ _FIELDS = {
         "sglang_master_port", 29600, "Free port of this host for the --sync=nccl rendezvous, open to the servers."
     ),
     "sglang_sync_backend": flags.DEFINE_enum(
-        "sglang_sync_backend", "nccl", field_choices(GeneratorConfig, "sglang_sync_backend"),
+        "sglang_sync_backend", "nccl", field_choices(SGLangConfig, "backend"),
         "torch.distributed backend of --sync=nccl (gloo: CPU tensors).",
     ),
     "sglang_rendezvous_timeout_s": flags.DEFINE_float(
