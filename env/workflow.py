@@ -85,6 +85,23 @@ class Workflow:
     def keeps_previous_answer(self) -> bool:
         return not self.steps
 
+    @property
+    def final_step_reads_every_step(self) -> bool:
+        """Whether the last step reads every earlier step, directly or through the steps it reads: every call can
+        then change the answer (a step nothing reads costs a call and cannot). True for a single step."""
+        if not self.steps:
+            return False
+        last = len(self.steps) - 1
+        reached: set[int] = set()
+        frontier = [last]
+        while frontier:
+            index = frontier.pop()
+            for earlier in self.steps[index].visible_steps(index):
+                if earlier not in reached:
+                    reached.add(earlier)
+                    frontier.append(earlier)
+        return reached >= set(range(last))
+
 
 def parse_workflow(
     text: str,

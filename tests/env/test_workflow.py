@@ -325,3 +325,25 @@ def test_100k_mutated_workflows_only_parse_or_raise_format_error(workflow, acces
     assert parse_workflow(text, pool_size=7, access_mode="fine") == workflow
     for _ in range(MUTANTS_PER_EXAMPLE):
         _parse_never_crashes(_mutate(text, rng), pool_size=7, access_mode=access_mode, allow_empty=rng.random() < 0.5)
+
+
+@pytest.mark.parametrize(
+    "accesses, reads_every_step",
+    [
+        (((),), True),
+        (((), ()), False),
+        (((), "all"), True),
+        (((), (), "all"), True),
+        (((), "all", ()), False),
+        (((), (0,), (1,)), True),  # a chain: step 2 reads step 0 through step 1
+        (((), (), (1,)), False),  # nothing reads step 0
+        (((), (0,), (0,)), False),  # nothing reads step 1
+    ],
+)
+def test_final_step_reads_every_step_follows_the_access_lists_through_earlier_steps(accesses, reads_every_step):
+    workflow = Workflow(steps=tuple(Step(0, "Solve.", access) for access in accesses))
+    assert workflow.final_step_reads_every_step is reads_every_step
+
+
+def test_an_empty_workflow_reads_nothing():
+    assert not Workflow(steps=()).final_step_reads_every_step
