@@ -67,15 +67,34 @@ def _random_fan_out(pool_size: int, rng: random.Random) -> Workflow:
     return fan_out_aggregate(proposers, rng.randrange(pool_size))
 
 
+UNIFORM_SHAPE_MAX_STEPS = 3
+ANSWER = "Answer the question."
+CHECK = "Check the answers above and give the final answer."
+
+
+def _random_uniform_shape(pool_size: int, rng: random.Random) -> Workflow:
+    """1 to UNIFORM_SHAPE_MAX_STEPS steps, uniformly; each step's worker uniform; each later step reads every
+    earlier step or none, uniformly. A teacher that favours no workflow size and no access list, so whether reading
+    earlier steps pays is left to RL (the plain-text instructions change nothing for a simulated worker)."""
+    steps = []
+    for index in range(rng.randint(1, UNIFORM_SHAPE_MAX_STEPS)):
+        reads = index > 0 and rng.random() < 0.5
+        steps.append(Step(rng.randrange(pool_size), CHECK if reads else ANSWER, "all" if reads else ()))
+    return Workflow(steps=tuple(steps))
+
+
 # name -> (pool size, rng) -> a workflow with uniformly drawn workers
 TEMPLATES: dict[str, Callable[[int, random.Random], Workflow]] = {
     "single": _random_single,
     "plan_solve_verify": _random_plan_solve_verify,
     "fan_out_aggregate": _random_fan_out,
+    "uniform_shape": _random_uniform_shape,
 }
+# The warm-start's mix unless a run picks its own: the reference's workflow kinds.
+DEFAULT_TEMPLATES = ("single", "plan_solve_verify", "fan_out_aggregate")
 
 
-def random_template(pool_size: int, rng: random.Random, names: Sequence[str] = tuple(TEMPLATES)) -> Workflow:
+def random_template(pool_size: int, rng: random.Random, names: Sequence[str] = DEFAULT_TEMPLATES) -> Workflow:
     """A template chosen uniformly from `names`, with workers drawn uniformly from the pool (uniform routing)."""
     if pool_size < 1:
         raise ValueError(f"pool_size must be >= 1, got {pool_size}")

@@ -15,7 +15,7 @@ import random
 import re
 from typing import Any, Literal, Mapping, Sequence, get_args
 
-from env.policies import TEMPLATES, random_template
+from env.policies import DEFAULT_TEMPLATES, TEMPLATES, random_template
 from env.workflow import Workflow, render_workflow
 from launch.loop_environment import TokenizedConductorEnv
 from rl.loop import question_order
@@ -33,7 +33,7 @@ class TeacherConfig:
     (`route_weights`) and, with `stratify_questions`, draws the task domains in turn."""
 
     teacher: Teacher = "templates"
-    templates: tuple[str, ...] = tuple(TEMPLATES)
+    templates: tuple[str, ...] = DEFAULT_TEMPLATES
     rollouts: str | None = None
     min_reward: float = 1.0
     world_weights: RouteWeighting = "grade"

@@ -6,7 +6,7 @@ from typing import get_args
 
 from absl import flags
 
-from env.policies import TEMPLATES
+from env.policies import DEFAULT_TEMPLATES, TEMPLATES
 from launch.flag_groups import field_values, shared
 from launch.teachers import RouteWeighting, Teacher, TeacherConfig
 
@@ -20,7 +20,9 @@ _FIELDS = {
         "question's routes (routes at or under the mean get 0).",
     ),
 }
-_TEMPLATES = flags.DEFINE_list("sft_templates", list(TEMPLATES), "Template policies of the templates teacher.")
+_TEMPLATES = flags.DEFINE_list(
+    "sft_templates", list(DEFAULT_TEMPLATES), f"Template policies of the templates teacher, of {', '.join(TEMPLATES)}."
+)
 
 
 def from_flags() -> TeacherConfig:
