@@ -16,6 +16,11 @@ def rollout_metrics(scored: Scored) -> dict[str, float]:
         "valid_format": float(scored.parse_error is None),
         "correct": float(scored.grade or 0.0),
         "steps": float(len(scored.workflow.steps)) if scored.workflow else 0.0,
+        # A workflow of several calls whose every call can change the final answer.
+        "multi_step_reading": float(
+            scored.workflow is not None and len(scored.workflow.steps) >= 2
+            and scored.workflow.final_step_reads_every_step
+        ),
     }
     if scored.execution is not None:
         metrics.update(

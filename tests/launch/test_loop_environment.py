@@ -43,3 +43,19 @@ def test_a_recursion_round_that_keeps_its_answer_is_routed_as_the_round_that_gav
     kept = world.score([question] * 2, [keep, keep], [r.context for r in first], [2, 3])
     assert [r.metrics["valid_format"] for r in kept] == [1.0, 1.0] and [r.workers for r in kept] == [(), ()]
     assert [r.metrics["oracle_route"] for r in kept] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "accesses, multi_step_reading",
+    [(((),), 0.0), (((), ()), 0.0), (((), "all"), 1.0), (((), (), "all"), 1.0), (((), "all", ()), 0.0)],
+)
+def test_multi_step_reading_marks_several_steps_whose_last_reads_every_earlier_one(world, accesses, multi_step_reading):
+    workflow = Workflow(steps=tuple(Step(0, "Solve the question.", access) for access in accesses))
+    completion = world.tokenizer.encode("\n" + render_workflow(workflow), add_special_tokens=False)
+    [rollout] = world.score([0], [completion], [None], [0])
+    assert rollout.metrics["multi_step_reading"] == multi_step_reading
+
+
+def test_an_unparsed_completion_is_not_multi_step_reading(world):
+    [rollout] = world.score([0], [world.tokenizer.encode("no workflow")], [None], [0])
+    assert rollout.metrics["multi_step_reading"] == 0.0
