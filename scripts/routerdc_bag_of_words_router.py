@@ -11,19 +11,15 @@ docs/log/2026-11-25-replay-router-ceiling.md (then named bowcv.py). Replacing th
 reproduces the test-tuned 53.32 of docs/log/2026-11-24-replay-routing-ceiling.md.
 """
 
-import json
 import re
 import zlib
 
 import numpy as np
 
-from env.tasks.routerdc import data_dir
+from routerdc_files import FAMILIES, records, scores
 
-FAMILIES = [("mmlu_train", "mmlu_test"), ("gsm8k-train", "gsm8k-test"), ("cmmlu_train", "cmmlu_test"),
-            ("arc_challenge_train", "arc_challenge_test"), ("humaneval_train", "humaneval_test")]
 FEATURES = 2**14
 PENALTIES = [1, 3, 10, 30, 100, 300, 1e9]
-DATA = data_dir() / "routerdc"
 
 
 def features(question: str) -> np.ndarray:
@@ -44,11 +40,8 @@ def fit_predict(X, A, X_test, penalty):
 total = family_total = 0.0
 rng = np.random.default_rng(0)
 for train, test in FAMILIES:
-    a = json.loads((DATA / f"{train}.json").read_text(encoding="utf-8"))
-    b = json.loads((DATA / f"{test}.json").read_text(encoding="utf-8"))
-    models = list(a[0]["scores"])
-    A = np.array([[r["scores"][m] for m in models] for r in a])
-    B = np.array([[r["scores"][m] for m in models] for r in b])
+    a, b = records(train), records(test)
+    A, B = scores(a), scores(b)
     X = np.stack([features(r["question"]) for r in a])
     X_test = np.stack([features(r["question"]) for r in b])
     folds = rng.permutation(len(a)) % 5

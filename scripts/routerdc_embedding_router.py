@@ -7,23 +7,14 @@ EMBEDDINGS is what scripts/routerdc_embed_questions.py wrote. Used by docs/log/2
 (then named probe.py).
 """
 
-import json
 import sys
 
 import numpy as np
 
-from env.tasks.routerdc import data_dir
+from routerdc_files import FAMILIES, records, scores
 
-FAMILIES = [("mmlu_train", "mmlu_test"), ("gsm8k-train", "gsm8k-test"), ("cmmlu_train", "cmmlu_test"),
-            ("arc_challenge_train", "arc_challenge_test"), ("humaneval_train", "humaneval_test")]
 PENALTIES = [0.1, 1, 10, 100, 1000, 1e4, 1e12]
-DATA = data_dir() / "routerdc"
 embeddings = np.load(sys.argv[1] if len(sys.argv) > 1 else "runs/routerdc_question_embeddings.npz")
-
-
-def grades(name: str) -> np.ndarray:
-    records = json.loads((DATA / f"{name}.json").read_text(encoding="utf-8"))
-    return np.array([[r["scores"][m] for m in records[0]["scores"]] for r in records])
 
 
 def fit_predict(X, A, X_test, penalty):
@@ -36,7 +27,7 @@ rng = np.random.default_rng(0)
 for kind, name in enumerate(["mid-mean", "last-mean", "last-token"]):
     total = 0.0
     for train, test in FAMILIES:
-        A, B = grades(train), grades(test)
+        A, B = scores(records(train)), scores(records(test))
         mean, std = embeddings[train][:, kind].mean(0), embeddings[train][:, kind].std(0) + 1e-6
         X, X_test = (embeddings[train][:, kind] - mean) / std, (embeddings[test][:, kind] - mean) / std
         folds = rng.permutation(len(A)) % 5

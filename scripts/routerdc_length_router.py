@@ -7,22 +7,13 @@ Reads the RouterDC files from the data lookup (`python -m launch.data fetch rout
 docs/log/2026-11-26-replay-attention-and-length.md.
 """
 
-import json
-
 import numpy as np
 
-from env.tasks.routerdc import data_dir
-
-FAMILIES = [("mmlu_train", "mmlu_test"), ("gsm8k-train", "gsm8k-test"), ("cmmlu_train", "cmmlu_test"),
-            ("arc_challenge_train", "arc_challenge_test"), ("humaneval_train", "humaneval_test")]
-DATA = data_dir() / "routerdc"
+from routerdc_files import FAMILIES, records, scores
 
 for train, test in FAMILIES:
-    a = json.loads((DATA / f"{train}.json").read_text(encoding="utf-8"))
-    b = json.loads((DATA / f"{test}.json").read_text(encoding="utf-8"))
-    models = list(a[0]["scores"])
-    A = np.array([[r["scores"][m] for m in models] for r in a])
-    B = np.array([[r["scores"][m] for m in models] for r in b])
+    a, b = records(train), records(test)
+    A, B = scores(a), scores(b)
     train_lengths = np.array([len(r["question"]) for r in a])
     test_lengths = np.array([len(r["question"]) for r in b])
     for buckets in (2, 3, 4):
