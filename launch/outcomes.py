@@ -85,13 +85,14 @@ def _episode_outcome(task: Task, repeat: int, rounds: Sequence[_Round]) -> Outco
 
 
 def _episodes(
-    generator: Any, world: TokenizedConductorEnv, params: SamplingParams, repeat: int, first_question: int,
+    generator: Any, environment: TokenizedConductorEnv, params: SamplingParams, repeat: int, first_question: int,
     questions: Sequence[int], completions: Sequence[Sequence[int]],
 ) -> list[list[_Round]]:
     """Scores the first-round `completions` and runs the recursion rounds the env asks for (`--recursion_rounds`):
     each round the world gives a follow-up prompt gets one completion, scored on the round before it."""
-    rollouts = world.score(questions, completions, None, [sample_id(q, repeat, world.num_questions) for q in questions])
-    episodes = [[_Round(world.prompt_ids(q), c, r)] for q, c, r in zip(questions, completions, rollouts)]
+    sample_ids = [sample_id(q, repeat, environment.num_questions) for q in questions]
+    rollouts = environment.score(questions, completions, None, sample_ids)
+    episodes = [[_Round(environment.prompt_ids(q), c, r)] for q, c, r in zip(questions, completions, rollouts)]
     round_index = 0
     while following := [i for i, rounds in enumerate(episodes) if rounds[-1].rollout.followup_prompt_ids is not None]:
         round_index += 1
@@ -99,19 +100,19 @@ def _episodes(
         groups = generator.generate(prompts, _batch_seeded(params, repeat, first_question, round_index), 1)
         follow_questions = [questions[i] for i in following]
         sample_ids = [
-            sample_id(q, repeat, world.num_questions) + round_index * EVAL_ROUND_SAMPLE_ID_STRIDE
+            sample_id(q, repeat, environment.num_questions) + round_index * EVAL_ROUND_SAMPLE_ID_STRIDE
             for q in follow_questions
         ]
         contexts = [episodes[i][-1].rollout.context for i in following]
         follow_completions = [group[0].completion_ids for group in groups]
-        scored = world.score(follow_questions, follow_completions, contexts, sample_ids)
+        scored = environment.score(follow_questions, follow_completions, contexts, sample_ids)
         for i, prompt, completion, rollout in zip(following, prompts, follow_completions, scored):
             episodes[i].append(_Round(prompt, completion, rollout))
     return episodes
 
 
 def conductor_outcomes(
-    generator: Any, world: TokenizedConductorEnv, params: SamplingParams, repeats: int, batch_questions: int = 64
+    generator: Any, environment: TokenizedConductorEnv, params: SamplingParams, repeats: int, batch_questions: int = 64
 ) -> list[Outcome]:
     """One episode per question and repeat: a completion sampled from `generator` and scored by the env, and the
     recursion rounds the env runs after it (`_episode_outcome`). The Conductor's own prompt and completion tokens
@@ -123,15 +124,17 @@ def conductor_outcomes(
     outcomes = []
     greedy_completions: dict[int, list[int]] = {}
     for repeat in range(repeats):
-        for start in range(0, world.num_questions, batch_questions):
-            questions = list(range(start, min(start + batch_questions, world.num_questions)))
+        for start in range(0, environment.num_questions, batch_questions):
+            questions = list(range(start, min(start + batch_questions, environment.num_questions)))
             if params.temperature == 0 and repeat > 0:
                 completions = [greedy_completions[q] for q in questions]
             else:
-                prompts = [world.prompt_ids(q) for q in questions]
+                prompts = [environment.prompt_ids(q) for q in questions]
                 groups = generator.generate(prompts, _batch_seeded(params, repeat, start), 1)
                 completions = [group[0].completion_ids for group in groups]
                 greedy_completions.update(zip(questions, completions))
-            episodes = _episodes(generator, world, params, repeat, start, questions, completions)
-            outcomes.extend(_episode_outcome(world.tasks[q], repeat, rounds) for q, rounds in zip(questions, episodes))
+            episodes = _episodes(generator, environment, params, repeat, start, questions, completions)
+            outcomes.extend(
+                _episode_outcome(environment.tasks[q], repeat, rounds) for q, rounds in zip(questions, episodes)
+            )
     return outcomes

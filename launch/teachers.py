@@ -54,14 +54,14 @@ class TeacherConfig:
 
 
 def teacher_examples(
-    config: TeacherConfig, world: TokenizedConductorEnv, count: int, rng: random.Random, probe: bool = False
+    config: TeacherConfig, environment: TokenizedConductorEnv, count: int, rng: random.Random, probe: bool = False
 ) -> list[Example]:
     """About `count` examples from the configured teacher (all of a run log's for the rollouts teacher)."""
     if config.teacher == "templates":
-        return template_examples(world, count, rng, config, probe)
+        return template_examples(environment, count, rng, config, probe)
     if config.teacher == "world":
-        return world_examples(world, count, rng, config, probe)
-    return rollout_examples(world, config.rollouts, config.min_reward, probe)
+        return world_examples(environment, count, rng, config, probe)
+    return rollout_examples(environment, config.rollouts, config.min_reward, probe)
 
 
 def completion_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
@@ -90,24 +90,24 @@ def first_worker_token(tokenizer: Any, ids: Sequence[int]) -> int | None:
     return low
 
 
-def domain_labels(world: TokenizedConductorEnv) -> dict[str, int]:
+def domain_labels(environment: TokenizedConductorEnv) -> dict[str, int]:
     """Each task domain of the world, numbered in sorted order (the probe's classes)."""
-    return {domain: index for index, domain in enumerate(sorted({task.domain for task in world.tasks}))}
+    return {domain: index for index, domain in enumerate(sorted({task.domain for task in environment.tasks}))}
 
 
 def make_example(
-    world: TokenizedConductorEnv, question: int, ids: Sequence[int], labels: Mapping[str, int] | None
+    environment: TokenizedConductorEnv, question: int, ids: Sequence[int], labels: Mapping[str, int] | None
 ) -> Example:
     """A (prompt, completion) example; with `labels`, labelled with the question's domain at the first worker id."""
-    prompt = tuple(world.prompt_ids(question))
-    index = first_worker_token(world.tokenizer, ids) if labels is not None else None
+    prompt = tuple(environment.prompt_ids(question))
+    index = first_worker_token(environment.tokenizer, ids) if labels is not None else None
     if index is None:
         return Example(prompt, tuple(ids))
-    return Example(prompt, tuple(ids), index, labels[world.tasks[question].domain])
+    return Example(prompt, tuple(ids), index, labels[environment.tasks[question].domain])
 
 
 def template_examples(
-    world: TokenizedConductorEnv, count: int, rng: random.Random, config: TeacherConfig = TeacherConfig(),
+    environment: TokenizedConductorEnv, count: int, rng: random.Random, config: TeacherConfig = TeacherConfig(),
     probe: bool = False,
 ) -> list[Example]:
     """`count` (prompt, uniformly routed template workflow) pairs over the world's questions.
@@ -116,45 +116,47 @@ def template_examples(
     student learns the format of every prompt an episode shows it: a later round's prompt follows a template
     workflow run in the world, and its target is a new template workflow or, half the time, the three empty lists
     that keep the answer (which to write is left to RL)."""
-    pool_size = len(world.env.world.pool)
-    access_mode = world.env.config.access_mode
-    rounds = world.env.config.recursion_rounds
-    labels = domain_labels(world) if probe else None
+    pool_size = len(environment.env.world.pool)
+    access_mode = environment.env.config.access_mode
+    rounds = environment.env.config.recursion_rounds
+    labels = domain_labels(environment) if probe else None
     examples, earlier_rounds, targets = [], [], []
     for _ in range(count):
-        question = rng.randrange(world.num_questions)
+        question = rng.randrange(environment.num_questions)
         workflow = random_template(pool_size, rng, config.templates)
-        ids = completion_ids(world.tokenizer, "\n" + render_workflow(workflow, access_mode))
+        ids = completion_ids(environment.tokenizer, "\n" + render_workflow(workflow, access_mode))
         if rounds and rng.randrange(rounds + 1):
             kept = rng.random() < 0.5
             target = Workflow(steps=()) if kept else random_template(pool_size, rng, config.templates)
             earlier_rounds.append((question, ids))
-            targets.append(completion_ids(world.tokenizer, "\n" + render_workflow(target, access_mode)))
+            targets.append(completion_ids(environment.tokenizer, "\n" + render_workflow(target, access_mode)))
         else:
-            examples.append(make_example(world, question, ids, labels))
+            examples.append(make_example(environment, question, ids, labels))
     if earlier_rounds:
         questions, ids = zip(*earlier_rounds)
-        scored = world.score(questions, ids, None, range(len(questions)))
+        scored = environment.score(questions, ids, None, range(len(questions)))
         examples += [Example(tuple(rollout.followup_prompt_ids), target) for rollout, target in zip(scored, targets)]
     return examples
 
 
-def rollout_examples(world: TokenizedConductorEnv, path: str, min_reward: float, probe: bool = False) -> list[Example]:
+def rollout_examples(
+    environment: TokenizedConductorEnv, path: str, min_reward: float, probe: bool = False
+) -> list[Example]:
     """Logged completions (the generator's own token ids) that earned at least `min_reward`."""
-    labels = domain_labels(world) if probe else None
+    labels = domain_labels(environment) if probe else None
     examples = []
     with open(path, encoding="utf-8") as lines:
         for line in lines:
             record = json.loads(line)
             if record["reward"] >= min_reward and record["round"] == 0:
-                examples.append(make_example(world, record["question"], record["completion_ids"], labels))
+                examples.append(make_example(environment, record["question"], record["completion_ids"], labels))
     if not examples:
         raise ValueError(f"{path} has no first-round rollout with reward >= {min_reward}")
     return examples
 
 
 def world_examples(
-    world: TokenizedConductorEnv, count: int, rng: random.Random, config: TeacherConfig = TeacherConfig(),
+    environment: TokenizedConductorEnv, count: int, rng: random.Random, config: TeacherConfig = TeacherConfig(),
     probe: bool = False,
 ) -> list[Example]:
     """About `count` template workflows, executed and graded in the world, each weighted by its grade
@@ -170,19 +172,19 @@ def world_examples(
     trainer keeps them in one batch and encodes their prompt once (a batch of a multiple of the pool size holds
     whole questions).
     """
-    pool_size = len(world.env.world.pool)
-    access_mode = world.env.config.access_mode
-    labels = domain_labels(world) if probe else None
-    strata = world.question_strata if config.stratify_questions else None
+    pool_size = len(environment.env.world.pool)
+    access_mode = environment.env.config.access_mode
+    labels = domain_labels(environment) if probe else None
+    strata = environment.question_strata if config.stratify_questions else None
     questions, completions = [], []
-    for question in question_order(world.num_questions, rng.randrange(2**31), 0, -(-count // pool_size), strata):
+    for question in question_order(environment.num_questions, rng.randrange(2**31), 0, -(-count // pool_size), strata):
         workflow = random_template(pool_size, rng, config.templates)
         for final in range(pool_size):
             steps = (*workflow.steps[:-1], dataclasses.replace(workflow.steps[-1], worker=final))
             text = "\n" + render_workflow(dataclasses.replace(workflow, steps=steps), access_mode)
             questions.append(question)
-            completions.append(completion_ids(world.tokenizer, text))
-    rollouts = world.score(questions, completions, [None] * len(questions), range(len(questions)))
+            completions.append(completion_ids(environment.tokenizer, text))
+    rollouts = environment.score(questions, completions, [None] * len(questions), range(len(questions)))
     grades = [rollout.metrics["correct"] for rollout in rollouts]
     weights = [
         weight
@@ -192,7 +194,7 @@ def world_examples(
     if not any(weight > 0 for weight in weights):
         raise ValueError(f"no template workflow earned a {config.world_weights} weight above 0 in this world")
     return [
-        dataclasses.replace(make_example(world, question, ids, labels), weight=weight)
+        dataclasses.replace(make_example(environment, question, ids, labels), weight=weight)
         for question, ids, weight in zip(questions, completions, weights)
     ]
 

@@ -89,11 +89,11 @@ def main(argv: list[str]) -> None:
         conductor_flags.from_flags(), distributed.process_dir(log_dir) / "conductor_init"
     )
     env = build_env(environment_flags.from_flags())
-    world = TokenizedConductorEnv(env, tokenizer)
+    environment = TokenizedConductorEnv(env, tokenizer)
     checkpointer = Checkpointer(checkpoint_dir, keep=_KEEP.value)
     if _WARM_START_STEPS.value and checkpointer.latest_step() is None:
-        trainer = supervised_flags.from_flags(_WARM_START_STEPS.value, len(domain_labels(world)))
-        warm_start(model, world, _WARM_START_STEPS.value, trainer, teacher_flags.from_flags())
+        trainer = supervised_flags.from_flags(_WARM_START_STEPS.value, len(domain_labels(environment)))
+        warm_start(model, environment, _WARM_START_STEPS.value, trainer, teacher_flags.from_flags())
     distributed.share_process_zero_weights(model)
 
     generator, weight_sync = build_generator(generation, model_dir, distributed.process_dir(log_dir))
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> None:
         sampler=generator,
         sampling_params=sampling,
         weight_sync=weight_sync,
-        environment=world,
+        environment=environment,
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         writer=writer,
         checkpointer=checkpointer,

@@ -17,17 +17,19 @@ from rollout.types import SamplingParams
 log = logging.getLogger(__name__)
 
 
-def format_validity(generator: Any, world: TokenizedConductorEnv, questions: Sequence[int], samples: int,
+def format_validity(generator: Any, environment: TokenizedConductorEnv, questions: Sequence[int], samples: int,
                     params: SamplingParams) -> float:
     """Fraction of `samples` completions (spread over `questions`) that parse as a workflow."""
     per_question = -(-samples // len(questions))
-    groups = generator.generate([world.prompt_ids(q) for q in questions], params, per_question)
-    texts = [world.decode(c.completion_ids) for group in groups for c in group][:samples]
-    config = world.env.config
+    groups = generator.generate([environment.prompt_ids(q) for q in questions], params, per_question)
+    texts = [environment.decode(c.completion_ids) for group in groups for c in group][:samples]
+    config = environment.env.config
     valid = 0
     for text in texts:
         try:
-            parse_workflow(CONDUCTOR_PREFIX + text, len(world.env.world.pool), config.max_steps, config.access_mode)
+            parse_workflow(
+                CONDUCTOR_PREFIX + text, len(environment.env.world.pool), config.max_steps, config.access_mode
+            )
             valid += 1
         except WorkflowFormatError:
             pass
@@ -35,15 +37,15 @@ def format_validity(generator: Any, world: TokenizedConductorEnv, questions: Seq
 
 
 def warm_start(
-    model: Any, world: TokenizedConductorEnv, steps: int, trainer_config: SFTConfig, teacher: TeacherConfig
+    model: Any, environment: TokenizedConductorEnv, steps: int, trainer_config: SFTConfig, teacher: TeacherConfig
 ) -> list[dict[str, float]]:
     """Fits the Conductor in place to `teacher`'s examples for `steps` steps; returns per-step metrics."""
     rng = random.Random(trainer_config.seed)
     probe = trainer_config.probe_classes > 0
     batch_size = trainer_config.batch_size
-    examples = teacher_examples(teacher, world, steps * batch_size, rng, probe)
+    examples = teacher_examples(teacher, environment, steps * batch_size, rng, probe)
     if teacher.teacher == "world":
-        pool_size = len(world.env.world.pool)
+        pool_size = len(environment.env.world.pool)
         log.info("world teacher: %d questions x %d routes, mean weight %.3f", len(examples) // pool_size, pool_size,
                  sum(e.weight for e in examples) / len(examples))
         if batch_size % pool_size:
@@ -60,5 +62,5 @@ def warm_start(
             log.info("sft step %d/%d nll %.4f grad_norm %.3f%s", index + 1, steps, metrics["nll"],
                      metrics["grad_norm"], probe_part)
 
-    history = trainer.fit(examples, steps, world.tokenizer.pad_token_id or 0, on_step=report)
+    history = trainer.fit(examples, steps, environment.tokenizer.pad_token_id or 0, on_step=report)
     return history
