@@ -37,7 +37,12 @@ def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     angles = positions.astype(jnp.float32)[..., None] * inv_freq
     angles = jnp.concatenate([angles, angles], axis=-1)
-    return jnp.cos(angles), jnp.sin(angles)
+    # Read back through an identity gather over the columns. XLA counts cos and sin as cheap and fuses them into each
+    # consumer, so every layer's RoPE pass would evaluate them again for every head; a gather it does not copy into
+    # its consumers, so the tables are computed once per call and the layers read them.
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    columns = jnp.arange(positions.shape[-1])
+    return cos[..., columns, :], sin[..., columns, :]
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
