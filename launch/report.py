@@ -1,7 +1,7 @@
 """The report of every method's outcomes: `summarize` (accuracy per domain and on average with its standard error
 over repeats, worker tokens, calls, USD and steps per question, format validity, the workers chosen), then markdown,
 a plot and results.json (`write_report`); and the statistics of a figure over seeds (`mean_interval`, `welch_test`,
-`holm_adjusted`) that launch.compare reports."""
+`paired_test`, `holm_adjusted`) that launch.compare reports."""
 
 from __future__ import annotations
 
@@ -153,8 +153,10 @@ def write_report(results: Mapping[str, Mapping[str, Any]], out_dir: pathlib.Path
 
 
 def _sample_variance(values: Sequence[float]) -> float:
-    """Exactly 0 for equal values (numpy's two-pass variance of [0.7, 0.7, 0.7] is 1e-32, not 0)."""
-    return 0.0 if np.ptp(values) == 0 else float(np.var(values, ddof=1))
+    """Exactly 0 for values equal up to rounding: numpy's variance of [0.7, 0.7, 0.7] is 1e-32, and differences like
+    0.8 - 0.7 and 0.9 - 0.8 differ in their last bit, which would make a t statistic of 1e15."""
+    spread = np.ptp(values)
+    return 0.0 if spread <= 1e-12 * np.max(np.abs(values)) else float(np.var(values, ddof=1))
 
 
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str, Any]:
@@ -206,3 +208,25 @@ def holm_adjusted(p_values: Sequence[float | None]) -> list[float | None]:
         running = max(running, min(1.0, (len(defined) - rank) * p))
         adjusted[index] = running
     return adjusted
+
+
+def paired_test(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """The two-sided paired t-test of a[i] - b[i] = 0 (a and b matched: the same seed's run under two settings,
+    which share the seed's world, warm start and draws until their policies part). `p` is None, with `note`, where
+    there are fewer than two pairs or the differences do not vary."""
+    from scipy import stats
+
+    if len(a) != len(b):
+        raise ValueError(f"paired samples need equal lengths, got {len(a)} and {len(b)}")
+    differences = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    mean = float(differences.mean()) if len(differences) else None
+    if len(differences) < 2:
+        return {"difference": mean, "t": None, "df": None, "p": None,
+                "note": f"needs two or more pairs, has {len(differences)}"}
+    variance = _sample_variance(differences)
+    if variance == 0:
+        note = "equal in every pair" if mean == 0 else "the same difference in every pair"
+        return {"difference": mean, "t": None, "df": None, "p": None, "note": note}
+    t = mean / np.sqrt(variance / len(differences))
+    df = len(differences) - 1
+    return {"difference": mean, "t": float(t), "df": float(df), "p": float(2 * stats.t.sf(abs(t), df)), "note": None}
