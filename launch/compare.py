@@ -18,8 +18,9 @@ Per value, over seeds: the mean and 95% Student t interval of the final greedy s
 launch.train's summary: `eval.average_accuracy` is written with `--eval_tasks`; on the synthetic world any
 `--eval_tasks` value evaluates the world's own questions greedily) and of the last fifth of `--metric` (the mean of
 its last fifth of iterations, read from metrics.jsonl). Every pair of values is compared with Welch's two-sided
-t-test, p-values Holm-adjusted over the pairs of each figure; a difference is significant where the adjusted p is
-below `--alpha`. With three seeds such a test detects only large differences: "not significant" is not "equal".
+t-test and, over the seeds both finished, a paired t-test (a seed's runs share its world, warm start and draws), the
+p-values of each Holm-adjusted over the pairs; a difference is significant where the adjusted p is below `--alpha`.
+With three seeds such tests detect only large differences: "not significant" is not "equal".
 Writes `<out>/summary.json`, `<out>/summary.md` (also printed) and `<out>/curves.png` (the mean curve per value with
 its 95% band, and each seed's figures).
 """
@@ -43,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from absl import app, flags
 
-from launch.report import holm_adjusted, mean_interval, welch_test
+from launch.report import holm_adjusted, mean_interval, paired_test, welch_test
 from rl.metrics import first_and_last_fifth, read_metrics
 
 # Own FlagValues: everything it does not define goes to launch.train untouched, even where a test process has
@@ -417,7 +418,7 @@ FIGURES = ("score", "last_fifth")
 
 def summarize(sweep: Sweep, runs: Sequence[Run], score: str, metric: str, alpha: float) -> dict[str, Any]:
     """Per value: each finished seed's figures, the mean and 95% interval of each figure over seeds, the seeds not
-    finished; per figure, every pair of values' Welch test with Holm-adjusted p-values."""
+    finished; per figure, every pair of values' tests (`pair_tests`)."""
     values: dict[str, Any] = {}
     for value in sweep.values:
         mine = [run for run in runs if run.value == value]
@@ -428,22 +429,34 @@ def summarize(sweep: Sweep, runs: Sequence[Run], score: str, metric: str, alpha:
             **{figure: mean_interval([f[figure] for f in per_seed.values() if f[figure] is not None], CONFIDENCE)
                for figure in FIGURES},
         }
-    pairs: dict[str, list[dict[str, Any]]] = {}
-    for figure in FIGURES:
-        tests = []
-        for a, b in itertools.combinations(sweep.values, 2):
-            samples = [[f[figure] for f in values[v]["seeds"].values() if f[figure] is not None] for v in (a, b)]
-            tests.append({"a": a, "b": b, **welch_test(*samples)})
-        for test, adjusted in zip(tests, holm_adjusted([test["p"] for test in tests])):
-            test["p_holm"] = adjusted
-            test["significant"] = adjusted is not None and adjusted < alpha
-        pairs[figure] = tests
+    pairs = {figure: pair_tests(sweep.values, values, figure, alpha) for figure in FIGURES}
     return {
         "flag": sweep.flag, "score": score, "metric": metric, "confidence": CONFIDENCE, "alpha": alpha,
         "interval": "two-sided Student t interval of the mean over seeds",
-        "test": "Welch's two-sided t-test per pair of values, p-values Holm-adjusted over the pairs of each figure",
+        "tests": {"welch": "Welch's two-sided t-test over each value's seeds",
+                  "paired": "two-sided paired t-test over the seeds both values finished"},
+        "adjustment": "Holm, over the pairs of values, per figure and test",
         "values": values, "pairs": pairs,
     }
+
+
+def pair_tests(names: Sequence[str], values: Mapping[str, Any], figure: str, alpha: float) -> list[dict[str, Any]]:
+    """Every pair of values' Welch test (the primary one) and paired test of `figure`, Holm-adjusted per test."""
+    tests = []
+    for a, b in itertools.combinations(names, 2):
+        seeds_a, seeds_b = ({seed: f[figure] for seed, f in values[v]["seeds"].items() if f[figure] is not None}
+                            for v in (a, b))
+        shared = sorted(set(seeds_a) & set(seeds_b))
+        tests.append({
+            "a": a, "b": b,
+            "welch": welch_test(list(seeds_a.values()), list(seeds_b.values())),
+            "paired": {**paired_test([seeds_a[s] for s in shared], [seeds_b[s] for s in shared]), "seeds": shared},
+        })
+    for kind in ("welch", "paired"):
+        for test, adjusted in zip(tests, holm_adjusted([test[kind]["p"] for test in tests])):
+            test[kind]["p_holm"] = adjusted
+            test[kind]["significant"] = adjusted is not None and adjusted < alpha
+    return tests
 
 
 def _interval_text(interval: Mapping[str, Any]) -> str:
@@ -457,7 +470,7 @@ def _interval_text(interval: Mapping[str, Any]) -> str:
 def _p_text(test: Mapping[str, Any]) -> str:
     if test["p"] is None:
         return f"– ({test['note']})"
-    return f"{test['p']:.3g} / {test['p_holm']:.3g}{' *' if test['significant'] else ''}"
+    return f"{test['p']:.3g} ({test['p_holm']:.3g}){' *' if test['significant'] else ''}"
 
 
 def markdown_summary(summary: Mapping[str, Any]) -> str:
@@ -474,19 +487,18 @@ def markdown_summary(summary: Mapping[str, Any]) -> str:
         first = mean_interval([f["first_fifth"] for f in entry["seeds"].values()], summary["confidence"])
         lines.append(f"| {value} | {seeds} | {_interval_text(entry['score'])} | {_interval_text(first)} | "
                      f"{_interval_text(entry['last_fifth'])} |")
-    lines += [
-        "",
-        f"Mean ± half-width of the {100 * summary['confidence']:.0f}% {summary['interval']}.",
-        "",
-        "| pair | Δ greedy score | p / Holm p | Δ last fifth | p / Holm p |",
-        "|---|---|---|---|---|",
-    ]
-    for score_test, reward_test in zip(summary["pairs"]["score"], summary["pairs"]["last_fifth"]):
-        deltas = ["–" if t["difference"] is None else f"{t['difference']:+.3f}" for t in (score_test, reward_test)]
-        lines.append(f"| {score_test['a']} − {score_test['b']} | {deltas[0]} | {_p_text(score_test)} | {deltas[1]} | "
-                     f"{_p_text(reward_test)} |")
-    lines += ["", f"{summary['test']}; * significant at α = {summary['alpha']}. With a few seeds per value only "
-                  "large differences can be detected: a difference that is not significant is not shown equal."]
+    lines += ["", f"Mean ± half-width of the {100 * summary['confidence']:.0f}% {summary['interval']}."]
+    for figure, title in (("score", "greedy score"), ("last_fifth", f"`{summary['metric']}` last fifth")):
+        lines += ["", f"| pair | Δ {title} | Welch p (Holm) | paired p (Holm) |", "|---|---|---|---|"]
+        for test in summary["pairs"][figure]:
+            difference = test["welch"]["difference"]
+            lines.append(f"| {test['a']} − {test['b']} | {'–' if difference is None else f'{difference:+.3f}'} | "
+                         f"{_p_text(test['welch'])} | {_p_text(test['paired'])} |")
+    tests = summary["tests"]
+    lines += ["", f"Δ: difference of the means. Welch: {tests['welch']}; paired: {tests['paired']} (runs of one seed "
+                  f"share its world, warm start and draws until their policies part). p-values adjusted by "
+                  f"{summary['adjustment']}; * significant at α = {summary['alpha']}. With a few seeds per value only "
+                  "large differences can be detected: a difference that is not significant is not shown to be zero."]
     return "\n".join(lines) + "\n"
 
 
@@ -525,7 +537,8 @@ def plot(summary: Mapping[str, Any], curves: Mapping[str, Sequence[np.ndarray]],
             continue
         mean, half_width = curve_band(runs, window)
         steps = np.arange(1, len(mean) + 1)
-        left.plot(steps, mean, color=f"C{index}", linewidth=2, label=f"{value} ({len(runs)} seeds)")
+        seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
+        left.plot(steps, mean, color=f"C{index}", linewidth=2, label=f"{value} ({seeds})")
         if half_width is not None:
             left.fill_between(steps, mean - half_width, mean + half_width, color=f"C{index}", alpha=0.2)
     left.set_xlabel("iteration")
@@ -623,7 +636,8 @@ def main(argv: list[str]) -> None:
             raise SystemExit(f"launch.compare: {error}") from None
     summary = report(sweep, runs, out, _SCORE.value, _METRIC.value, _SMOOTH.value, _ALPHA.value)
     print(markdown_summary(summary), flush=True)
-    if all(entry["score"]["n"] == 0 for entry in summary["values"].values()):
+    finished = [entry for entry in summary["values"].values() if entry["seeds"]]
+    if finished and all(entry["score"]["n"] == 0 for entry in finished):
         print(f"No run's summary holds {_SCORE.value!r}: launch.train writes eval.average_accuracy with --eval_tasks "
               "(on the synthetic world any value evaluates the world's own questions).", flush=True)
     print(f"wrote {out / 'summary.json'}, {out / 'summary.md'}, {summary['png']}", flush=True)

@@ -17,7 +17,7 @@ import pytest
 from absl import flags
 
 from launch import compare
-from launch.report import holm_adjusted, mean_interval, welch_test
+from launch.report import holm_adjusted, mean_interval, paired_test, welch_test
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -225,6 +225,22 @@ def test_welch_test_of_identical_groups_is_p_one_and_undefined_cases_say_why():
     assert welch_test([0.7, 0.7, 0.7], [0.4, 0.6, 0.5])["df"] == pytest.approx(2.0)
 
 
+def test_paired_test_is_a_one_sample_t_test_of_the_seedwise_differences():
+    a, b = [0.81, 0.86, 0.84, 0.90], [0.78, 0.80, 0.83, 0.85]
+    differences = np.subtract(a, b)
+    t = differences.mean() / (np.std(differences, ddof=1) / 2)
+    test = paired_test(a, b)
+    assert (test["difference"], test["t"], test["df"]) == pytest.approx((differences.mean(), t, 3.0))
+    assert test["p"] == pytest.approx(_student_t_two_sided_p(t, 3.0), abs=1e-6)
+    # The same numbers unpaired: the seeds' shared spread hides the difference from Welch's test.
+    assert test["p"] < 0.05 < welch_test(a, b)["p"]
+    assert paired_test([0.7, 0.8, 0.9], [0.7, 0.8, 0.9])["note"] == "equal in every pair"
+    assert paired_test([0.8, 0.9, 1.0], [0.7, 0.8, 0.9])["p"] is None
+    assert paired_test([0.8], [0.7])["note"] == "needs two or more pairs, has 1"
+    with pytest.raises(ValueError, match="equal lengths"):
+        paired_test([0.8, 0.9], [0.7])
+
+
 def test_holm_adjustment_steps_down_and_keeps_undefined_tests_out_of_the_family():
     # Sorted 0.01, 0.03, 0.04 of m = 3: 3 * 0.01, max(0.03, 2 * 0.03), max(0.06, 1 * 0.04).
     assert holm_adjusted([0.04, None, 0.01, 0.03]) == pytest.approx([0.06, None, 0.03, 0.06])
@@ -329,10 +345,12 @@ def test_summary_gives_each_value_its_seeds_mean_interval_and_every_pair_a_test(
     # Equal spreads, means 0.1 and 0.4 apart: all differ, and significantly after Holm's adjustment.
     raw = [welch_test([b + 0.02 * 6 + 0.01 * s for s in range(3)], [c + 0.02 * 6 + 0.01 * s for s in range(3)])["p"]
            for b, c in ((0.5, 0.6), (0.5, 0.9), (0.6, 0.9))]
-    assert [p["p"] for p in pairs] == pytest.approx(raw)
-    assert [p["p_holm"] for p in pairs] == pytest.approx(holm_adjusted(raw))
-    assert all(p["significant"] for p in pairs)
-    assert pairs[0]["difference"] == pytest.approx(-0.1)
+    assert [p["welch"]["p"] for p in pairs] == pytest.approx(raw)
+    assert [p["welch"]["p_holm"] for p in pairs] == pytest.approx(holm_adjusted(raw))
+    assert all(p["welch"]["significant"] for p in pairs)
+    assert pairs[0]["welch"]["difference"] == pytest.approx(-0.1)
+    # Seed for seed the fake's values differ by a constant: no paired test, and the table says why.
+    assert pairs[0]["paired"]["seeds"] == [0, 1, 2] and pairs[0]["paired"]["note"] == "the same difference in every pair"
 
 
 def test_report_writes_the_table_the_png_and_names_missing_and_single_seed_values(tmp_path, fake_train):
@@ -343,7 +361,8 @@ def test_report_writes_the_table_the_png_and_names_missing_and_single_seed_value
     assert json.loads((tmp_path / "summary.json").read_text())["values"]["opo"]["score"]["mean"] == pytest.approx(0.9)
     table = (tmp_path / "summary.md").read_text()
     assert "| grpo | 0 (unfinished: 1) | 0.500 (one seed: no interval) |" in table
-    assert "| grpo − rloo | -0.100 | – (needs two or more values per group, has 1 and 1) |" in table
+    assert ("| grpo − rloo | -0.100 | – (needs two or more values per group, has 1 and 1) | "
+            "– (needs two or more pairs, has 1) |") in table
     png = tmp_path / "curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
