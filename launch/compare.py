@@ -36,6 +36,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -355,6 +356,12 @@ def subprocess_starter(train_args: Sequence[str], flag: str, threads: int, cores
     return start
 
 
+def stop_runs_on_sigterm() -> None:
+    """`kill` then stops the runs too (execute's cleanup), as Ctrl-C does; only SIGKILL leaves them running, holding
+    the lock until they end."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def hold_lock(out: pathlib.Path) -> int:
     """An exclusive lock on `<out>/.lock` for this process (and the runs it starts), or SystemExit if it is held."""
     fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -620,6 +627,7 @@ def main(argv: list[str]) -> None:
     runs = plan(sweep, seeds, out)
     if not _REPORT_ONLY.value:
         lock_fd = hold_lock(out)
+        stop_runs_on_sigterm()
         try:
             check_same_training(out, train_args)
         except ValueError as error:

@@ -8,9 +8,11 @@ import json
 import math
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -33,7 +35,8 @@ FAKE_TRAIN = textwrap.dedent('''
     logdir, seed, estimator = pathlib.Path(args["logdir"]), int(args["seed"]), args["estimator"]
     iterations = int(args.get("iterations", 6))
     events = open(os.environ["EVENTS"], "a")
-    events.write(json.dumps({"event": "start", "run": f"{estimator}:{seed}", "time": time.time()}) + "\\n")
+    events.write(json.dumps({"event": "start", "run": f"{estimator}:{seed}", "time": time.time(),
+                             "pid": os.getpid()}) + "\\n")
     events.flush()
     base = {"grpo": 0.5, "rloo": 0.6, "opo": 0.9}[estimator]
     checkpoints = logdir / "checkpoints"
@@ -293,6 +296,32 @@ def test_a_killed_comparison_picks_up_where_it_stopped(tmp_path, fake_train, mon
     # And a third call has nothing to do.
     compare.execute(runs, "estimator", starter([]), parallel=2, log=lambda line: None, poll_s=0.02)
     assert len([e for e in read_events(events) if e["event"] == "start"]) == 7
+
+
+def test_a_terminated_comparison_stops_its_runs(tmp_path, fake_train):
+    starter, events = fake_train
+    program = tmp_path / "fake_train.py"
+    script = tmp_path / "comparison.py"
+    script.write_text(textwrap.dedent(f"""
+        import pathlib, subprocess, sys
+        from launch import compare
+        def start(run, slot, stdout_path, stderr_path):
+            command = compare.train_command(["--iterations=2000"], "estimator", run)
+            with open(stdout_path, "a") as stdout:
+                return subprocess.Popen([sys.executable, {str(program)!r}, *command[3:]], stdout=stdout)
+        compare.stop_runs_on_sigterm()
+        runs = compare.plan(compare.Sweep("estimator", ("grpo", "rloo")), [0], pathlib.Path({str(tmp_path)!r}))
+        compare.execute(runs, "estimator", start, parallel=2, poll_s=0.02)
+    """))
+    comparison = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=os.environ)
+    deadline = time.time() + 120
+    while len(read_events(events)) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    comparison.terminate()
+    assert comparison.wait(timeout=60) == 128 + signal.SIGTERM
+    for event in read_events(events):
+        with pytest.raises(ProcessLookupError):
+            os.kill(event["pid"], 0)
 
 
 def test_a_run_that_exits_zero_without_a_summary_is_not_finished(tmp_path):
