@@ -151,21 +151,15 @@ class Attention(nnx.Module):
             out = fused_attention(q, k, v, mask, implementation="cudnn")
             return self.o_proj(out.reshape(batch * length, config.num_heads * config.head_dim)), own_kv
 
-        # Query heads are grouped under the key/value head they share, and each key/value head's G x T queries form
-        # the rows of one [B, K] batch of matmuls: q [B, K, G * T, D] against k [B, K, S, D]. Written as one einsum
-        # over [B, T, K, G, D], XLA:CPU produced the scores in [K, S, G * T] order and transposed them inside the
-        # elementwise passes that followed.
-        q = q.reshape(batch, length, config.num_kv_heads, config.num_query_groups, config.head_dim)
-        q = q.transpose(0, 2, 3, 1, 4)
-        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         # Causal blocks: the queries in [start, end) read no key after the prefix and their own columns up to end, so
         # each block's scores stop there and the blocks above the diagonal are never computed (with 4 blocks, 3/8 of
-        # the scores, softmax and value products, forward and backward).
-        prefix_length = k.shape[2] - length
+        # the scores, softmax and value products, forward and backward). Each block is sliced before its transposes,
+        # which then copy contiguous rows.
+        prefix_length = k.shape[1] - length
         bounds = [length * i // _causal_blocks(length) for i in range(_causal_blocks(length) + 1)]
         out = jnp.concatenate(
             [
-                self._attend(q[:, :, :, start:end], k[:, :, : prefix_length + end], v[:, :, : prefix_length + end],
+                self._attend(q[:, start:end], k[:, : prefix_length + end], v[:, : prefix_length + end],
                              mask[..., start:end, : prefix_length + end])  # fmt: skip
                 for start, end in zip(bounds[:-1], bounds[1:])
             ],
@@ -174,10 +168,17 @@ class Attention(nnx.Module):
         return self.o_proj(out.reshape(batch * length, config.num_heads * config.head_dim)), own_kv
 
     def _attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-        """`q [B, K, G, T, D]` against `k`, `v [B, K, S, D]` under `mask [B, 1, 1, T, S]`; returns `[B, T, K, G, D]`."""
+        """`q [B, T, heads, D]` against `k`, `v [B, S, kv_heads, D]` under `mask [B, 1, 1, T, S]`; returns
+        `[B, T, heads * D]`."""
         config = self.config
-        batch, _, _, length, _ = q.shape
-        q = q.reshape(batch, config.num_kv_heads, -1, config.head_dim)
+        batch, length = q.shape[:2]
+        # Query heads are grouped under the key/value head they share, and each key/value head's G x T queries form
+        # the rows of one [B, K] batch of matmuls: q [B, K, G * T, D] against k [B, K, S, D]. Written as one einsum
+        # over [B, T, K, G, D], XLA:CPU produced the scores in [K, S, G * T] order and transposed them inside the
+        # elementwise passes that followed.
+        q = q.reshape(batch, length, config.num_kv_heads, config.num_query_groups, config.head_dim)
+        q = q.transpose(0, 2, 3, 1, 4).reshape(batch, config.num_kv_heads, -1, config.head_dim)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
         scores = scores.reshape(batch, config.num_kv_heads, config.num_query_groups, length, -1) * config.head_dim**-0.5
         # A finite fill keeps fully masked rows (left-padding queries) finite: they average the keys of their block,
@@ -186,7 +187,7 @@ class Attention(nnx.Module):
         probs = jax.nn.softmax(scores, axis=-1).astype(config.dtype)
         out = jnp.einsum("bkqs,bksd->bkqd", probs.reshape(batch, config.num_kv_heads, -1, probs.shape[-1]), v)
         out = out.reshape(batch, config.num_kv_heads, config.num_query_groups, length, config.head_dim)
-        return out.transpose(0, 3, 1, 2, 4)
+        return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, config.num_heads * config.head_dim)
 
 
 class MLP(nnx.Module):
