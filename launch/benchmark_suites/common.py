@@ -23,10 +23,30 @@ class Report:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU as the kernel names it, with its vendor, family and model numbers and whether it has AVX-512, e.g.
+    "Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167, avx512f)": XLA:CPU and torch rank differently on
+    different CPUs, so every CPU figure needs it beside it."""
+    fields: dict[str, str] = {}
+    try:
+        with open(cpuinfo) as lines:
+            for line in lines:
+                if not line.strip():
+                    break  # the first processor's block says it for all
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        return platform.processor() or platform.machine()
+    avx512 = ", avx512f" if "avx512f" in fields.get("flags", "").split() else ""
+    return (f"{fields.get('model name', platform.machine())} ({fields.get('vendor_id', '?')} family "
+            f"{fields.get('cpu family', '?')} model {fields.get('model', '?')}{avx512})")
+
+
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         # What the entry points (and the e2e suite's training subprocess) do with freed memory: launch/host_memory.py.
@@ -68,6 +88,7 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def emit(report: Report) -> None:
     print(f"== benchmark suite: {report.suite} ==")
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores")
     print(format_table(report.columns, report.rows))
     for note in report.notes:
         print(note)
