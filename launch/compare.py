@@ -68,7 +68,7 @@ _OUT = flags.DEFINE_string(
     "out", "runs/compare", "The runs' logdirs, summary.json, summary.md and curves.png.", flag_values=COMPARE_FLAGS
 )
 _PARALLEL = flags.DEFINE_integer(
-    "parallel", None, "Runs training at once (default: the usable CPU cores // --threads_per_run, at least 1).",
+    "parallel", None, "How many runs train at once (default: the usable CPU cores // --threads_per_run, at least 1).",
     lower_bound=1, flag_values=COMPARE_FLAGS,
 )
 _THREADS_PER_RUN = flags.DEFINE_integer(
@@ -86,7 +86,7 @@ _METRIC = flags.DEFINE_string(
     flag_values=COMPARE_FLAGS,
 )
 _SMOOTH = flags.DEFINE_integer(
-    "smooth", 1, "Trailing moving-average window applied to each seed's plotted curve (iterations).", lower_bound=1,
+    "smooth", 3, "Trailing moving-average window applied to each seed's plotted curve (iterations).", lower_bound=1,
     flag_values=COMPARE_FLAGS,
 )
 _ALPHA = flags.DEFINE_float(
@@ -529,46 +529,75 @@ def curve_band(curves: Sequence[np.ndarray], window: int) -> tuple[np.ndarray, n
     return stacked.mean(axis=0), np.array([mean_interval(column, CONFIDENCE)["half_width"] for column in stacked.T])
 
 
+def _padded_limits(values: Sequence[float]) -> tuple[float, float]:
+    low, high = float(np.nanmin(values)), float(np.nanmax(values))
+    pad = 0.1 * (high - low) or 0.05 * max(abs(high), 1e-3)
+    return low - pad, high + pad
+
+
 def plot(summary: Mapping[str, Any], curves: Mapping[str, Sequence[np.ndarray]], path: pathlib.Path,
          window: int) -> None:
-    """Left: each value's mean curve over seeds with its 95% band. Right: each seed's greedy score and last fifth
-    (dots) with the mean and 95% interval (bar) per value."""
+    """Top: one panel per value, its mean curve over seeds with the 95% band, the other values' means in grey behind.
+    Bottom: each seed's greedy score and last fifth (dots) with the mean and 95% interval (bar) per value. The axes
+    span the seeds' own figures: a band or bar that leaves them is wider than anything the seeds showed."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
-    figure, (left, *right) = pyplot.subplots(1, 3, figsize=(14, 4.8), gridspec_kw={"width_ratios": [2.2, 1, 1]})
-    for index, (value, runs) in enumerate(curves.items()):
-        if not runs:
-            continue
-        mean, half_width = curve_band(runs, window)
-        steps = np.arange(1, len(mean) + 1)
-        seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
-        left.plot(steps, mean, color=f"C{index}", linewidth=2, label=f"{value} ({seeds})")
-        if half_width is not None:
-            left.fill_between(steps, mean - half_width, mean + half_width, color=f"C{index}", alpha=0.2)
-    left.set_xlabel("iteration")
-    left.set_ylabel(summary["metric"] + (f" (moving average over {window})" if window > 1 else ""))
-    left.set_title(f"mean over seeds, {100 * summary['confidence']:.0f}% t band")
-    left.grid(alpha=0.3)
-    left.legend(fontsize=8)
     values = list(summary["values"])
-    for axis, figure_name, label in zip(right, FIGURES, (f"greedy score ({summary['score']})", "last fifth")):
+    columns = min(len(values), 5)
+    rows = -(-len(values) // columns)
+    figure = pyplot.figure(figsize=(max(3.0 * columns, 9.0), 2.6 * rows + 3.2))
+    grid = figure.add_gridspec(rows + 1, 2 * columns)
+    bands = {value: curve_band(runs, window) for value, runs in curves.items() if runs}
+    smoothed = [moving_average(curve, window) for runs in curves.values() for curve in runs]
+    curve_limits = _padded_limits(np.concatenate(smoothed)) if smoothed else (0.0, 1.0)
+    first_axis = None
+    for index, value in enumerate(values):
+        axis = figure.add_subplot(grid[index // columns, 2 * (index % columns):2 * (index % columns) + 2],
+                                  sharex=first_axis, sharey=first_axis)
+        first_axis = first_axis or axis
+        for other, (mean, _) in bands.items():
+            if other != value:
+                axis.plot(np.arange(1, len(mean) + 1), mean, color="0.75", linewidth=1)
+        if value in bands:
+            mean, half_width = bands[value]
+            steps = np.arange(1, len(mean) + 1)
+            axis.plot(steps, mean, color=f"C{index}", linewidth=2)
+            if half_width is not None:
+                axis.fill_between(steps, mean - half_width, mean + half_width, color=f"C{index}", alpha=0.25)
+        seeds = len(curves.get(value, []))
+        axis.set_title(f"{value} ({seeds} seed{'' if seeds == 1 else 's'})", fontsize=10)
+        axis.grid(alpha=0.3)
+        if index % columns == 0:
+            axis.set_ylabel(summary["metric"] + (f", {window}-iteration mean" if window > 1 else ""), fontsize=8)
+        if index // columns == rows - 1:
+            axis.set_xlabel("iteration", fontsize=8)
+    if first_axis is not None:
+        first_axis.set_ylim(*curve_limits)
+    labels = (f"greedy score ({summary['score']})", f"{summary['metric']}, last fifth")
+    for panel, (figure_name, label) in enumerate(zip(FIGURES, labels)):
+        axis = figure.add_subplot(grid[rows, panel * columns:(panel + 1) * columns])
+        points_seen = []
         for index, value in enumerate(values):
             entry = summary["values"][value]
             points = [f[figure_name] for f in entry["seeds"].values() if f[figure_name] is not None]
-            axis.scatter([index] * len(points), points, color=f"C{index}", s=18, alpha=0.7)
+            points_seen += points
+            axis.scatter([index - 0.1] * len(points), points, color=f"C{index}", s=18, alpha=0.8)
             interval = entry[figure_name]
             if interval["mean"] is not None:
-                axis.errorbar(index + 0.15, interval["mean"], yerr=interval["half_width"] or 0.0, fmt="o",
+                axis.errorbar(index + 0.1, interval["mean"], yerr=interval["half_width"] or 0.0, fmt="o",
                               color="black", capsize=4, markersize=4)
-        axis.set_xticks(range(len(values)), values, rotation=30, ha="right", fontsize=8)
+        if points_seen:
+            axis.set_ylim(*_padded_limits(points_seen))
+        axis.set_xticks(range(len(values)), values, rotation=20, ha="right", fontsize=8)
         axis.set_title(label, fontsize=10)
         axis.grid(alpha=0.3, axis="y")
-    figure.suptitle(f"--{summary['flag']} sweep")
+    figure.suptitle(f"--{summary['flag']} sweep: mean over seeds with its {100 * summary['confidence']:.0f}% t "
+                    "interval; dots are seeds")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    figure.savefig(path, dpi=90)
     pyplot.close(figure)
 
 
