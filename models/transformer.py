@@ -157,11 +157,13 @@ class Attention(nnx.Module):
         # which then copy contiguous rows.
         prefix_length = k.shape[1] - length
         bounds = [length * i // _causal_blocks(length) for i in range(_causal_blocks(length) + 1)]
+        # The queries are split, not sliced, so that their gradient is one concatenation rather than a sum of
+        # zero-padded blocks.
         out = jnp.concatenate(
             [
-                self._attend(q[:, start:end], k[:, : prefix_length + end], v[:, : prefix_length + end],
+                self._attend(queries, k[:, : prefix_length + end], v[:, : prefix_length + end],
                              mask[..., start:end, : prefix_length + end])  # fmt: skip
-                for start, end in zip(bounds[:-1], bounds[1:])
+                for queries, start, end in zip(jnp.split(q, bounds[1:-1], axis=1), bounds[:-1], bounds[1:])
             ],
             axis=1,
         )
