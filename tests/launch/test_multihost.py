@@ -123,8 +123,11 @@ def test_two_processes_sample_and_train_the_first_iteration_as_one_process_with_
     for name in ("reward/mean", "rollout/valid_format", "learner/skipped_rows", "learner/model_rows"):
         assert first[name] == single[name], name
     # Mean over the iteration's 4 steps; steps 2-4 run at parameters that differ as described in the docstring.
-    # Measured: relative differences 1.7e-6 (loss), 6.8e-5 (gradient norm), 1.2e-6 (entropy).
-    assert first["learner/loss"] == pytest.approx(single["learner/loss"], rel=2e-5)
+    # The loss is a mean of ratio x advantage terms whose advantages cancel within each group, so it is a small
+    # difference of terms of size |advantage| (about 1): its tolerance is set against those terms, not against itself.
+    # Measured differences: loss 1.9e-9 on the Intel host and 2.5e-7 on CI's; gradient norm 6.8e-5 and entropy 1.2e-6
+    # relative.
+    assert first["learner/loss"] == pytest.approx(single["learner/loss"], abs=1e-5)
     assert first["learner/grad_norm"] == pytest.approx(single["learner/grad_norm"], rel=1e-3)
     assert first["learner/entropy"] == pytest.approx(single["learner/entropy"], rel=2e-5)
 
