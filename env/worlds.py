@@ -257,12 +257,20 @@ def _synthetic(config: SyntheticWorldConfig, reward_config: RewardConfig, max_st
         for w in range(config.num_workers)
     ]
     tasks = task_library.load("synthetic", limit=config.num_tasks, seed=config.seed)
-    weights = {domain: sum(task.domain == domain for task in tasks) for domain in SYNTHETIC_DOMAINS}
-    skills_by_domain = {
-        domain: [matrix[w][d] for w in range(config.num_workers)] for d, domain in enumerate(SYNTHETIC_DOMAINS)
-    }
+    skills_by_domain, weights = synthetic_skills_and_weights(config, tasks)
     oracle = optimal_policy(skills_by_domain, weights, config.answer_model, reward_config, max_steps)
     return World("synthetic", pool, tasks, oracle)
+
+
+def synthetic_skills_and_weights(
+    config: SyntheticWorldConfig, tasks: Sequence[Task]
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Each domain's worker skills and its number of `tasks`: the mix `env.optimum` computes a synthetic world's exact
+    expected rewards over."""
+    matrix = config.skill_matrix()
+    skills = {domain: [matrix[w][d] for w in range(config.num_workers)] for d, domain in enumerate(SYNTHETIC_DOMAINS)}
+    weights = {domain: sum(task.domain == domain for task in tasks) for domain in SYNTHETIC_DOMAINS}
+    return skills, weights
 
 
 def _replay(config: ReplayWorldConfig) -> World:
