@@ -7,6 +7,7 @@ from typing import Sequence, get_args
 from absl import flags
 
 from env.tasks import data_files, routerdc
+from env.workers.api import Price
 from env.workers.simulated import AnswerModel, MultiStepRule
 from env.worlds import LocalWorldConfig, PaperWorldConfig, ReplayWorldConfig, SyntheticWorldConfig, WorldConfig
 from launch.flag_groups import shared
@@ -30,6 +31,11 @@ _SYNTHETIC_SKILLS = flags.DEFINE_string(
     "The synthetic skill matrix: one row per worker, rows separated by ';', each the worker's probability of being "
     "right on each domain (arithmetic, algebra, logic, trivia), comma-separated. Default: seeded specialists.",
 )
+_SYNTHETIC_PRICES = flags.DEFINE_string(
+    "synthetic_prices", None,
+    "The synthetic workers' list prices, as the API workers' Price: one row per worker, rows separated by ';', each "
+    "'input,output' US dollars per million prompt and completion tokens. Default: free.",
+)
 _SYNTHETIC_TASKS = flags.DEFINE_integer("synthetic_tasks", 1000, "Questions generated for the synthetic world.")
 _WORKER_LATENCY = flags.DEFINE_float("worker_latency_s", 0.0, "Simulated latency of synthetic and replay workers.")
 _MULTI_STEP_RULE = flags.DEFINE_enum(
@@ -42,13 +48,27 @@ _LOCAL_WORKERS = flags.DEFINE_integer("local_workers", 2, "SmolLM2-135M-Instruct
 
 
 def _synthetic(tasks: Sequence[str], answer_model: AnswerModel) -> SyntheticWorldConfig:
-    skills = None
-    if _SYNTHETIC_SKILLS.value:
-        skills = tuple(tuple(float(v) for v in row.split(",")) for row in _SYNTHETIC_SKILLS.value.split(";"))
+    skills = _rows("synthetic_skills", _SYNTHETIC_SKILLS.value)
+    prices = _rows("synthetic_prices", _SYNTHETIC_PRICES.value)
+    if prices is not None:
+        if any(len(row) != 2 for row in prices):
+            raise ValueError(f"--synthetic_prices: each worker's row is 'input,output', got {_SYNTHETIC_PRICES.value!r}")
+        prices = tuple(Price(*row) for row in prices)
     return SyntheticWorldConfig(
         num_workers=len(skills) if skills else _SYNTHETIC_WORKERS.value, num_tasks=_SYNTHETIC_TASKS.value,
-        seed=shared.SEED.value, skills=skills, latency_s=_WORKER_LATENCY.value, answer_model=answer_model,
+        seed=shared.SEED.value, skills=skills, latency_s=_WORKER_LATENCY.value, prices=prices,
+        answer_model=answer_model,
     )
+
+
+def _rows(flag: str, text: str | None) -> tuple[tuple[float, ...], ...] | None:
+    """A matrix flag's value: rows separated by ';', values by ','."""
+    if not text:
+        return None
+    try:
+        return tuple(tuple(float(value) for value in row.split(",")) for row in text.split(";"))
+    except ValueError:
+        raise ValueError(f"--{flag} takes numbers, ',' between values and ';' between rows, got {text!r}") from None
 
 
 def _replay(tasks: Sequence[str], answer_model: AnswerModel) -> ReplayWorldConfig:

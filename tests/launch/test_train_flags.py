@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from unittest import mock
 
 import pytest
@@ -12,6 +13,7 @@ from absl.testing import flagsaver
 
 from env.gym_env import ConductorEnv
 from env.tasks import sandbox
+from env.workers.api import FREE, Price
 from env.worlds import SyntheticWorldConfig, build_world
 from launch import conductor_env, generators
 from launch.flag_groups import environment as environment_flags
@@ -97,6 +99,31 @@ def test_estimator_option_flags_reach_only_their_estimator():
 def test_a_non_positive_adam_eps_is_rejected():
     with flagsaver.flagsaver(adam_eps=0.0), pytest.raises(ValueError, match="eps"):
         learner_config()
+
+
+def test_synthetic_prices_price_each_worker_of_the_pool():
+    two_workers = "0.9,0.9,0.9,0.9;0.8,0.3,0.3,0.3"
+    with flagsaver.flagsaver(synthetic_skills=two_workers, synthetic_prices="15,75;0.1,0.4", synthetic_tasks=8):
+        pool = build_env().world.pool
+    assert [worker.price for worker in pool] == [Price(15.0, 75.0), Price(0.1, 0.4)]
+    with flagsaver.flagsaver(synthetic_skills=two_workers, synthetic_tasks=8):
+        assert all(worker.price == FREE for worker in build_env().world.pool)
+
+
+@pytest.mark.parametrize(
+    "prices, error",
+    [
+        ("15,75", "one entry per worker"),
+        ("15,75;0.1,0.4;1,1", "one entry per worker"),
+        ("15;0.1,0.4", "each worker's row is 'input,output'"),
+        ("15,75;cheap,0.4", "--synthetic_prices takes numbers"),
+        ("15,75;-1,0.4", "prices must be >= 0"),
+    ],
+)
+def test_malformed_synthetic_prices_are_refused_by_name(prices, error):
+    with flagsaver.flagsaver(synthetic_skills="0.9,0.9,0.9,0.9;0.8,0.3,0.3,0.3", synthetic_prices=prices):
+        with pytest.raises(ValueError, match=re.escape(error)):
+            build_env()
 
 
 def test_expected_grades_flag_reaches_the_env():
