@@ -258,7 +258,10 @@ def _synthetic(config: SyntheticWorldConfig, reward_config: RewardConfig, max_st
     ]
     tasks = task_library.load("synthetic", limit=config.num_tasks, seed=config.seed)
     skills_by_domain, weights = synthetic_skills_and_weights(config, tasks)
-    oracle = optimal_policy(skills_by_domain, weights, config.answer_model, reward_config, max_steps)
+    oracle = None
+    # Token and USD penalties depend on the text a policy writes, so no plan is known to be optimal under them.
+    if not (reward_config.token_penalty or reward_config.usd_penalty):
+        oracle = optimal_policy(skills_by_domain, weights, config.answer_model, reward_config, max_steps)
     return World("synthetic", pool, tasks, oracle)
 
 

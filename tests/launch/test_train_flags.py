@@ -14,6 +14,7 @@ from absl.testing import flagsaver
 from env.gym_env import ConductorEnv
 from env.tasks import sandbox
 from env.workers.api import FREE, Price
+from env.workflow import Step, Workflow, render_workflow
 from env.worlds import SyntheticWorldConfig, build_world
 from launch import conductor_env, generators
 from launch.flag_groups import environment as environment_flags
@@ -108,6 +109,26 @@ def test_synthetic_prices_price_each_worker_of_the_pool():
     assert [worker.price for worker in pool] == [Price(15.0, 75.0), Price(0.1, 0.4)]
     with flagsaver.flagsaver(synthetic_skills=two_workers, synthetic_tasks=8):
         assert all(worker.price == FREE for worker in build_env().world.pool)
+
+
+def test_a_priced_pool_with_a_usd_penalty_charges_each_call_at_its_workers_price():
+    """The exact oracle needs penalties that do not depend on the text written, so this world has none, and a
+    workflow's reward loses the penalty times what its call cost: the prompt's and completion's tokens at the price."""
+    with flagsaver.flagsaver(
+        synthetic_skills="1,1,1,1;0,0,0,0", synthetic_prices="15,75;0.1,0.4", synthetic_tasks=8, usd_penalty=20.0,
+        reward_wrong=0.0,
+    ):
+        env = build_env()
+    assert env.world.oracle is None
+    task = env.world.tasks[0]
+    texts = [render_workflow(Workflow(steps=(Step(worker, "Solve the question."),))) for worker in (0, 1)]
+    expensive, cheap = env.score_batch_sync([task, task], texts)
+    for scored, price, right in ((expensive, Price(15.0, 75.0), 1.0), (cheap, Price(0.1, 0.4), 0.0)):
+        (step,) = scored.execution.steps
+        assert step.cost_usd == pytest.approx(price.cost(step.prompt_tokens, step.completion_tokens))
+        assert scored.components["usd_penalty"] == pytest.approx(-20.0 * step.cost_usd)
+        assert scored.reward == pytest.approx(right - 20.0 * step.cost_usd)
+    assert expensive.execution.steps[0].cost_usd > 100 * cheap.execution.steps[0].cost_usd > 0
 
 
 @pytest.mark.parametrize(
