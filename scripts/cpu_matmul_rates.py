@@ -14,28 +14,17 @@ host_memory.retain_freed_memory(restart=True)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from launch.benchmark_suites.common import cpu_model  # noqa: E402
+from launch.benchmark_suites.common import cpu_model, timed  # noqa: E402
 
 # (rows, contracted, columns): the square reference, then the MLP's forward matmuls, their weight gradients
 # (contracting the 2048 token rows) and the output head's forward over the completion's 1024 rows.
 SHAPES = ((2048, 2048, 2048), (2048, 576, 1536), (2048, 1536, 576), (576, 2048, 1536), (1024, 576, 49152))
-
-
-def best_seconds(call, repeats: int) -> float:
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:
@@ -51,8 +40,8 @@ def main() -> None:
         a_jax, b_jax = jnp.asarray(a), jnp.asarray(b)
         a_torch, b_torch = torch.from_numpy(a), torch.from_numpy(b)
         flops = 2.0 * rows * inner * columns
-        jax_s = best_seconds(lambda: matmul(a_jax, b_jax).block_until_ready(), repeats)
-        torch_s = best_seconds(lambda: torch.mm(a_torch, b_torch), repeats)
+        jax_s = min(timed(lambda: matmul(a_jax, b_jax).block_until_ready(), repeats=repeats))
+        torch_s = min(timed(lambda: torch.mm(a_torch, b_torch), repeats=repeats))
         print(json.dumps({
             "shape": [rows, inner, columns],
             "xla_gflops_per_s": round(flops / jax_s / 1e9, 1),
