@@ -132,8 +132,8 @@ def main(argv: list[str]) -> None:
         print(f"| best routing from {FLAG}={penalty:.2f} (exact) | {accuracy:.3f} | {cost:.5f} |")
     if collapsed:
         print("\nNo valid greedy workflow (not in the table): " + "; ".join(collapsed))
-    print(f"\nAt random routing's cost (${random_cost:.5f} per question; accuracy {random_accuracy:.3f}), mixing each seed's "
-          "trained Conductors question by question reaches:")
+    print(f"\nAt random routing's cost (${random_cost:.5f} per question; accuracy {random_accuracy:.3f}), mixing "
+          "each seed's trained Conductors question by question reaches:")
     for seed in sorted({seed for seeds in trained.values() for seed in seeds}):
         reached = accuracy_at_cost([seeds[seed] for seeds in trained.values() if seed in seeds], random_cost)
         print(f"- {seed}: " + ("outside its points' costs" if reached is None else f"{reached:.3f}"))

@@ -52,7 +52,9 @@ def _synthetic(tasks: Sequence[str], answer_model: AnswerModel) -> SyntheticWorl
     prices = _rows("synthetic_prices", _SYNTHETIC_PRICES.value)
     if prices is not None:
         if any(len(row) != 2 for row in prices):
-            raise ValueError(f"--synthetic_prices: each worker's row is 'input,output', got {_SYNTHETIC_PRICES.value!r}")
+            raise ValueError(
+                f"--synthetic_prices: each worker's row is 'input,output', got {_SYNTHETIC_PRICES.value!r}"
+            )
         prices = tuple(Price(*row) for row in prices)
     return SyntheticWorldConfig(
         num_workers=len(skills) if skills else _SYNTHETIC_WORKERS.value, num_tasks=_SYNTHETIC_TASKS.value,
