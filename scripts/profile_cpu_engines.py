@@ -44,11 +44,9 @@ DUMP = pathlib.Path(tempfile.mkdtemp(prefix="xla_dump_"))
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={DUMP} --xla_dump_hlo_as_text"
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from flax import nnx  # noqa: E402
 
 from launch.benchmark_suites import forward as forward_suite  # noqa: E402
 from launch.benchmark_suites import learner as learner_suite  # noqa: E402
@@ -197,29 +195,11 @@ def main() -> None:
     model_dir = zoo.smollm2_135m_instruct()
     print(f"{args.step}: {len(os.sched_getaffinity(0))} cores; XLA_FLAGS={os.environ['XLA_FLAGS']}")
     if args.step == "forward":
-        tokens = np.random.default_rng(0).integers(
-            0, 49152, size=(forward_suite.BATCH, forward_suite.LENGTH), dtype=np.int32
-        )
+        tokens = forward_suite.benchmark_tokens()
         if "jax" in engines:
-            graphdef, params = nnx.split(hf_io.load(model_dir))
-
-            @jax.jit
-            def forward(params, tokens):
-                decoder = nnx.merge(graphdef, params)
-                positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-                return decoder.logits(decoder(tokens, positions, jnp.ones(tokens.shape, jnp.bool_)))
-
-            jax_tokens = jnp.asarray(tokens)
-            profile_jax(lambda: forward(params, jax_tokens).block_until_ready())
+            profile_jax(forward_suite.flax_forward_call(model_dir, tokens))
         if "torch" in engines:
-            model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-            torch_tokens = torch.as_tensor(tokens, dtype=torch.long)
-
-            def torch_forward():
-                with torch.inference_mode():
-                    model(input_ids=torch_tokens).logits
-
-            profile_torch(torch_forward)
+            profile_torch(forward_suite.torch_forward_call(model_dir, tokens))
         return
     shape = dict(batch=learner_suite.BATCH, prompt=learner_suite.PROMPT, completion=learner_suite.COMPLETION,
                  vocab=49152, groups=learner_suite.GROUPS)  # fmt: skip

@@ -6,6 +6,7 @@ Batch 8 x 256 tokens, float32, logits included on both sides. Goal: Flax >= 1.2x
 from __future__ import annotations
 
 import statistics
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,13 +22,14 @@ BATCH, LENGTH, REPEATS = 8, 256, 3
 GOAL_RATIO = 1.2
 
 
-def run() -> Report:
-    model_dir = zoo.smollm2_135m_instruct()
-    tokens = np.random.default_rng(0).integers(0, 49152, size=(BATCH, LENGTH), dtype=np.int32)
-    n_tokens = BATCH * LENGTH
+def benchmark_tokens() -> np.ndarray:
+    """The suite's input: BATCH x LENGTH token ids, the same on every run."""
+    return np.random.default_rng(0).integers(0, 49152, size=(BATCH, LENGTH), dtype=np.int32)
 
-    model = hf_io.load(model_dir)
-    graphdef, params = nnx.split(model)
+
+def flax_forward_call(model_dir: str, tokens: np.ndarray) -> Callable[[], None]:
+    """The Flax side of the suite: one jitted forward with logits over `tokens`, blocking until done."""
+    graphdef, params = nnx.split(hf_io.load(model_dir))
 
     @jax.jit
     def flax_forward(params, tokens):
@@ -36,15 +38,27 @@ def run() -> Report:
         return decoder.logits(decoder(tokens, positions, jnp.ones(tokens.shape, jnp.bool_)))
 
     jax_tokens = jnp.asarray(tokens)
+    return lambda: flax_forward(params, jax_tokens).block_until_ready()
+
+
+def torch_forward_call(model_dir: str, tokens: np.ndarray) -> Callable[[], None]:
+    """The torch side of the suite: one eager forward with logits over `tokens`, in inference mode."""
     torch_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     torch_tokens = torch.as_tensor(tokens, dtype=torch.long)
-
-    def run_flax():
-        flax_forward(params, jax_tokens).block_until_ready()
 
     def run_torch():
         with torch.inference_mode():
             torch_model(input_ids=torch_tokens).logits
+
+    return run_torch
+
+
+def run() -> Report:
+    model_dir = zoo.smollm2_135m_instruct()
+    tokens = benchmark_tokens()
+    n_tokens = BATCH * LENGTH
+    run_flax = flax_forward_call(model_dir, tokens)
+    run_torch = torch_forward_call(model_dir, tokens)
 
     # Alternate the engines so that both see the same background load on a shared machine.
     flax_seconds, torch_seconds = [], []
