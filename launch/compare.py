@@ -241,6 +241,22 @@ def is_finished(run: Run) -> bool:
     return (run.logdir / RUN_SUMMARY).exists()
 
 
+def run_record(run: Run) -> dict[str, Any]:
+    """A finished run's `run_summary.json`: flag, value, seed, wall time, command and launch.train's summary."""
+    return json.loads((run.logdir / RUN_SUMMARY).read_text())
+
+
+def finished_runs(out: pathlib.Path, flag: str) -> list[Run]:
+    """The finished runs of `flag`'s sweep under `out`, with the value and seed their records name, for readers of a
+    comparison's directory that do not know its values and seeds."""
+    runs = []
+    for path in sorted(out.glob(f"*/seed=*/{RUN_SUMMARY}")):
+        recorded = json.loads(path.read_text())
+        if recorded["flag"] == flag:
+            runs.append(Run(recorded["value"], recorded["seed"], path.parent))
+    return runs
+
+
 def has_checkpoint(run: Run) -> bool:
     checkpoints = run.logdir / "checkpoints"
     return checkpoints.is_dir() and any(entry.name.isdigit() for entry in checkpoints.iterdir())
@@ -413,7 +429,7 @@ def summary_value(summary: Mapping[str, Any], dotted_key: str) -> float | None:
 
 def seed_figures(run: Run, score: str, metric: str) -> dict[str, Any]:
     """A finished run's figures: the greedy score, the first and last fifth of the metric, its iterations."""
-    recorded = json.loads((run.logdir / RUN_SUMMARY).read_text())
+    recorded = run_record(run)
     curve = read_curve(run.logdir, metric)
     first, last = first_and_last_fifth(curve)
     return {"score": summary_value(recorded["train_summary"], score), "first_fifth": first, "last_fifth": last,

@@ -29,8 +29,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from launch import compare  # noqa: E402
+
 FLAG = "usd_penalty"
-FINISHED = "run_summary.json"  # launch.compare's mark of a finished run
 SINGLE, RANDOM, ORACLE = "single ", "random routing", "oracle routing"
 
 
@@ -38,19 +39,16 @@ def trained_points(out: pathlib.Path, collapsed: list[str]) -> dict[float, dict[
     """Per penalty, each finished seed's greedy (accuracy, USD per question); runs whose greedy Conductor writes no
     valid workflow are named in `collapsed` instead."""
     points: dict[float, dict[str, tuple[float, float]]] = {}
-    for value_dir in out.glob(f"{FLAG}=*"):
-        for seed_dir in sorted(value_dir.glob("seed=*")):
-            if (seed_dir / FINISHED).exists():
-                average = json.loads((seed_dir / FINISHED).read_text())["train_summary"]["eval"]["average"]
-                penalty = float(value_dir.name.split("=", 1)[1])
-                if average["valid_format"] == 0:  # no workflow parsed: no routing, no cost to place it at
-                    collapsed.append(f"{FLAG}={penalty:g} {seed_dir.name}")
-                    continue
-                points.setdefault(penalty, {})[seed_dir.name] = (average["correct"], average["cost_usd"])
+    for run in compare.finished_runs(out, FLAG):
+        average = compare.run_record(run)["train_summary"]["eval"]["average"]
+        penalty, seed = float(run.value), f"seed={run.seed}"
+        if average["valid_format"] == 0:  # no workflow parsed: no routing, no cost to place it at
+            collapsed.append(f"{FLAG}={penalty:g} {seed}")
+            continue
+        points.setdefault(penalty, {})[seed] = (average["correct"], average["cost_usd"])
     if not points:
-        raise SystemExit(f"no finished run ({FLAG}=<value>/seed=<s>/{FINISHED}) under {out}")
+        raise SystemExit(f"no finished run ({FLAG}=<value>/seed=<s>/{compare.RUN_SUMMARY}) under {out}")
     return dict(sorted(points.items()))
-
 
 def accuracy_at_cost(points: list[tuple[float, float]], cost: float) -> float | None:
     """The accuracy that sending each question to one of two of these (accuracy, cost) policies at random reaches at

@@ -27,12 +27,12 @@ from absl import flags  # noqa: E402
 
 from env.optimum import best_fixed_workflow  # noqa: E402
 from env.worlds import build_world, synthetic_skills_and_weights  # noqa: E402
+from launch import compare  # noqa: E402
 import launch.train  # noqa: E402,F401  (defines the flags a run's command sets)
 from launch.flag_groups import environment as environment_flags  # noqa: E402
 from rl.metrics import first_and_last_fifth, read_metrics  # noqa: E402
 
 FLAG = "step_penalty"
-FINISHED = "run_summary.json"  # launch.compare's mark of a finished run
 SAMPLED = {"steps": "rollout/steps", "reward": "reward/mean", "accuracy": "rollout/correct"}
 
 
@@ -49,10 +49,10 @@ def exact_optimum(command: list[str]) -> dict[str, float]:
     return {"optimum_steps": float(len(best.workflow.steps)), "optimum_reward": best.expected_reward}
 
 
-def seed_figures(logdir: pathlib.Path) -> dict[str, float]:
-    records = read_metrics(logdir)
+def seed_figures(run: compare.Run) -> dict[str, float]:
+    records = read_metrics(run.logdir)
     figures = {name: first_and_last_fifth([r[key] for r in records])[1] for name, key in SAMPLED.items()}
-    finished = json.loads((logdir / FINISHED).read_text())
+    finished = compare.run_record(run)
     figures |= exact_optimum(finished["command"])
     evaluation = finished["train_summary"].get("eval")
     if evaluation:
@@ -64,14 +64,10 @@ def seed_figures(logdir: pathlib.Path) -> dict[str, float]:
 
 def table(out: pathlib.Path) -> dict[float, list[dict[str, float]]]:
     values: dict[float, list[dict[str, float]]] = {}
-    for value_dir in sorted(out.glob(f"{FLAG}=*")):
-        value = float(value_dir.name.split("=", 1)[1])
-        seed_dirs = sorted(value_dir.glob("seed=*"))
-        runs = [seed_figures(seed_dir) for seed_dir in seed_dirs if (seed_dir / FINISHED).exists()]
-        if runs:
-            values[value] = runs
+    for run in compare.finished_runs(out, FLAG):
+        values.setdefault(float(run.value), []).append(seed_figures(run))
     if not values:
-        raise SystemExit(f"no finished run ({FLAG}=<value>/seed=<s>/{FINISHED}) under {out}")
+        raise SystemExit(f"no finished run ({FLAG}=<value>/seed=<s>/{compare.RUN_SUMMARY}) under {out}")
     return dict(sorted(values.items()))
 
 

@@ -279,6 +279,9 @@ def test_a_killed_comparison_picks_up_where_it_stopped(tmp_path, fake_train, mon
     with pytest.raises(compare.RunFailed, match=r"estimator=rloo/seed=1: exit status -9.*2 runs not started"):
         compare.execute(runs, "estimator", starter([]), parallel=2, log=lambda line: None, poll_s=0.02)
     assert [compare.is_finished(run) for run in runs] == [True, True, True, False, False, False]
+    # A reader that knows neither values nor seeds finds the finished runs, and only those of this flag.
+    assert compare.finished_runs(tmp_path / "out", "estimator") == sorted(runs[:3], key=lambda run: str(run.logdir))
+    assert compare.finished_runs(tmp_path / "out", "step_penalty") == []
     # A run killed before its first checkpoint, with metrics logged: the next attempt must not append to them.
     (runs[4].logdir).mkdir(parents=True)
     (runs[4].logdir / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.1}\n')
