@@ -30,7 +30,8 @@ def _settings(path: pathlib.Path) -> dict[str, str]:
 
 def test_the_shipped_flagfiles_are_found():
     assert {path.name for path in CONFIGS} >= {
-        "paper.cfg", "quickstart.cfg", "synthetic.cfg", "replay_routerdc.cfg", "serve_local.cfg", "workflows.cfg"
+        "paper.cfg", "quickstart.cfg", "synthetic.cfg", "replay_routerdc.cfg", "serve_local.cfg", "workflows.cfg",
+        "cost_aware.cfg",
     }
 
 
