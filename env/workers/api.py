@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -38,8 +39,9 @@ class Price:
     output_usd_per_mtok: float
 
     def __post_init__(self) -> None:
-        if self.input_usd_per_mtok < 0 or self.output_usd_per_mtok < 0:
-            raise ValueError(f"prices must be >= 0, got {self}")
+        # `not 0 <= x < inf` also refuses NaN, which no comparison would catch and which would make every cost NaN.
+        if not all(0 <= price < math.inf for price in (self.input_usd_per_mtok, self.output_usd_per_mtok)):
+            raise ValueError(f"prices must be >= 0 and finite, got {self}")
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         return (prompt_tokens * self.input_usd_per_mtok + completion_tokens * self.output_usd_per_mtok) / 1e6

@@ -258,8 +258,9 @@ def test_bad_configuration_is_rejected():
         AnthropicWorker(name="c", model="claude-sonnet-4-20250514", thinking_budget=10)
     with pytest.raises(ValueError, match="base_url"):
         OpenAICompatibleWorker(name="q", model="m", base_url="")
-    with pytest.raises(ValueError, match="prices must be >= 0"):
-        Price(-1.0, 0.0)
+    for input_price, output_price in ((-1.0, 0.0), (float("nan"), 0.0), (0.0, float("inf"))):
+        with pytest.raises(ValueError, match="prices must be >= 0 and finite"):
+            Price(input_price, output_price)
     assert PRICES["gpt-5"].cost(1_000_000, 1_000_000) == pytest.approx(11.25)
 
 

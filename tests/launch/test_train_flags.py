@@ -139,6 +139,7 @@ def test_a_priced_pool_with_a_usd_penalty_charges_each_call_at_its_workers_price
         ("15;0.1,0.4", "each worker's row is 'input,output'"),
         ("15,75;cheap,0.4", "--synthetic_prices takes numbers"),
         ("15,75;-1,0.4", "prices must be >= 0"),
+        ("15,75;nan,0.4", "prices must be >= 0 and finite"),
     ],
 )
 def test_malformed_synthetic_prices_are_refused_by_name(prices, error):
