@@ -85,8 +85,10 @@ def test_generate_bodies_parse_as_generate_req_input_and_every_sampling_setting_
     params = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=4, stop_token_ids=(999, 17), seed=11)
     completions = generator.generate(prompts, params, n=2)
 
-    bodies = [body for path, body in sent if path == "/generate"]
-    parsed = [entry for entry in new_entries(server, start) if entry["route"] == "/generate"]
+    # The two requests go out concurrently, so they are paired by their rows, not by the order they arrived in.
+    bodies = sorted((body for path, body in sent if path == "/generate"), key=lambda body: body["input_ids"])
+    parsed = sorted((entry for entry in new_entries(server, start) if entry["route"] == "/generate"),
+                    key=lambda entry: entry["request"]["input_ids"])
     assert len(bodies) == len(parsed) == 2  # 4 rows, 3 per request
     seeds = []
     for body, entry in zip(bodies, parsed, strict=True):
@@ -104,7 +106,7 @@ def test_generate_bodies_parse_as_generate_req_input_and_every_sampling_setting_
             assert (applied["min_p"], applied["repetition_penalty"], applied["frequency_penalty"],
                     applied["presence_penalty"], applied["n"]) == (0.0, 1.0, 0.0, 0.0, 1)
             seeds.append(applied["sampling_seed"])
-    assert seeds == [11, 12, 13, 14]
+    assert sorted(seeds) == [11, 12, 13, 14]
     assert [[c.prompt_ids for c in group] for group in completions] == [[(1, 2, 3)] * 2, [(40, 50)] * 2]
     assert completions[1][1].completion_ids == tuple((90 + 14 + 7 * k) % VOCAB for k in range(4))
     assert completions[1][1].logprobs == pytest.approx([-0.1, -0.2, -0.3, -0.4])
