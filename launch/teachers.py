@@ -23,6 +23,7 @@ from rl.supervised import Example
 
 Teacher = Literal["templates", "rollouts", "world"]
 RouteWeighting = Literal["grade", "advantage"]
+Reasoning = Literal["template", "domain"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +31,8 @@ class TeacherConfig:
     """`teacher` picks the teacher; `templates` are the template policies the templates and world teachers draw
     from (`env.policies.TEMPLATES`); the rollouts teacher keeps the first-round completions of the run log
     `rollouts` with a reward of at least `min_reward`; the world teacher weights each route by `world_weights`
-    (`route_weights`) and, with `stratify_questions`, draws the task domains in turn."""
+    (`route_weights`) and, with `stratify_questions`, draws the task domains in turn. `reasoning="domain"` opens each
+    template's reasoning line with the question's task domain (`with_reasoning`)."""
 
     teacher: Teacher = "templates"
     templates: tuple[str, ...] = DEFAULT_TEMPLATES
@@ -38,6 +40,7 @@ class TeacherConfig:
     min_reward: float = 1.0
     world_weights: RouteWeighting = "grade"
     stratify_questions: bool = False
+    reasoning: Reasoning = "template"
 
     def __post_init__(self) -> None:
         if self.teacher not in get_args(Teacher):
@@ -49,6 +52,8 @@ class TeacherConfig:
             raise ValueError(
                 f"unknown route weighting {self.world_weights!r}; expected one of {get_args(RouteWeighting)}"
             )
+        if self.reasoning not in get_args(Reasoning):
+            raise ValueError(f"unknown reasoning {self.reasoning!r}; expected one of {get_args(Reasoning)}")
         if self.teacher == "rollouts" and not self.rollouts:
             raise ValueError("--sft_teacher=rollouts needs --sft_rollouts")
 
@@ -90,6 +95,19 @@ def first_worker_token(tokenizer: Any, ids: Sequence[int]) -> int | None:
     return low
 
 
+def with_reasoning(
+    workflow: Workflow, environment: TokenizedConductorEnv, question: int, config: TeacherConfig
+) -> Workflow:
+    """The template as the student writes it: with `reasoning="domain"` its reasoning line first names the question's
+    task domain. The worker id then follows a token that differs by domain, which gives RL a decision state per
+    domain: with the template's fixed line the domains share one, and an update for one domain's route moves the
+    others' (docs/decisions/031-domain-named-reasoning.md). The domain is a label of the question, not a grade."""
+    if config.reasoning == "template":
+        return workflow
+    domain = environment.tasks[question].domain
+    return dataclasses.replace(workflow, reasoning=f"This is a {domain} question. {workflow.reasoning}")
+
+
 def domain_labels(environment: TokenizedConductorEnv) -> dict[str, int]:
     """Each task domain of the world, numbered in sorted order (the probe's classes)."""
     return {domain: index for index, domain in enumerate(sorted({task.domain for task in environment.tasks}))}
@@ -123,11 +141,13 @@ def template_examples(
     examples, earlier_rounds, targets = [], [], []
     for _ in range(count):
         question = rng.randrange(environment.num_questions)
-        workflow = random_template(pool_size, rng, config.templates)
+        workflow = with_reasoning(random_template(pool_size, rng, config.templates), environment, question, config)
         ids = completion_ids(environment.tokenizer, "\n" + render_workflow(workflow, access_mode))
         if rounds and rng.randrange(rounds + 1):
             kept = rng.random() < 0.5
-            target = Workflow(steps=()) if kept else random_template(pool_size, rng, config.templates)
+            target = Workflow(steps=()) if kept else with_reasoning(
+                random_template(pool_size, rng, config.templates), environment, question, config
+            )
             earlier_rounds.append((question, ids))
             targets.append(completion_ids(environment.tokenizer, "\n" + render_workflow(target, access_mode)))
         else:
@@ -178,7 +198,7 @@ def world_examples(
     strata = environment.question_strata if config.stratify_questions else None
     questions, completions = [], []
     for question in question_order(environment.num_questions, rng.randrange(2**31), 0, -(-count // pool_size), strata):
-        workflow = random_template(pool_size, rng, config.templates)
+        workflow = with_reasoning(random_template(pool_size, rng, config.templates), environment, question, config)
         for final in range(pool_size):
             steps = (*workflow.steps[:-1], dataclasses.replace(workflow.steps[-1], worker=final))
             text = "\n" + render_workflow(dataclasses.replace(workflow, steps=steps), access_mode)

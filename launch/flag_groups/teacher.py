@@ -8,7 +8,7 @@ from absl import flags
 
 from env.policies import DEFAULT_TEMPLATES, TEMPLATES
 from launch.flag_groups import field_values, shared
-from launch.teachers import RouteWeighting, Teacher, TeacherConfig
+from launch.teachers import Reasoning, RouteWeighting, Teacher, TeacherConfig
 
 _FIELDS = {
     "teacher": flags.DEFINE_enum("sft_teacher", "templates", get_args(Teacher), "Where the targets come from."),
@@ -18,6 +18,11 @@ _FIELDS = {
         "sft_world_weights", "grade", get_args(RouteWeighting),
         "How the world teacher weights a route: by its grade, or by how far its grade exceeds the mean grade of the "
         "question's routes (routes at or under the mean get 0).",
+    ),
+    "reasoning": flags.DEFINE_enum(
+        "sft_reasoning", "template", get_args(Reasoning),
+        "The reasoning line of the templates and world teachers' workflows: the template's own, or the template's "
+        "opened by the question's task domain ('This is a gsm8k question.').",
     ),
 }
 _TEMPLATES = flags.DEFINE_list(

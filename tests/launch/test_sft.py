@@ -98,6 +98,25 @@ def _route(world: TokenizedConductorEnv, example) -> tuple[int, int]:
     return question, workflow.steps[-1].worker
 
 
+def test_domain_reasoning_opens_each_template_with_its_questions_domain_and_changes_nothing_else(world):
+    domain = TeacherConfig(templates=("single", "plan_solve_verify"), reasoning="domain")
+    plain = TeacherConfig(templates=("single", "plan_solve_verify"))
+    named = teachers.template_examples(world, 16, random.Random(4), domain, probe=True)
+    unnamed = teachers.template_examples(world, 16, random.Random(4), plain, probe=True)
+    questions = {tuple(world.prompt_ids(q)): q for q in range(world.num_questions)}
+    assert {world.tasks[questions[e.prompt_ids]].domain for e in named} == set(DOMAINS)
+    for with_domain, without in zip(named, unnamed, strict=True):
+        task_domain = world.tasks[questions[with_domain.prompt_ids]].domain
+        text = world.tokenizer.decode(list(with_domain.completion_ids), skip_special_tokens=True)
+        plain_text = world.tokenizer.decode(list(without.completion_ids), skip_special_tokens=True)
+        assert text == f"\nThis is a {task_domain} question. " + plain_text[1:]
+        assert parse_workflow(text, 4).steps == parse_workflow(plain_text, 4).steps
+        assert with_domain.probe_label == without.probe_label
+        assert world.tokenizer.decode(list(with_domain.completion_ids[with_domain.probe_index:][:1])).strip().isdigit()
+    with pytest.raises(ValueError, match="unknown reasoning 'label'"):
+        TeacherConfig(reasoning="label")
+
+
 def _drawn_questions(world: TokenizedConductorEnv, count: int, seed: int) -> list[int]:
     """The questions `world_examples` draws with `random.Random(seed)`, unstratified."""
     return question_order(world.num_questions, random.Random(seed).randrange(2**31), 0, count)
