@@ -99,9 +99,9 @@ def with_reasoning(
     workflow: Workflow, environment: TokenizedConductorEnv, question: int, config: TeacherConfig
 ) -> Workflow:
     """The template as the student writes it: with `reasoning="domain"` its reasoning line first names the question's
-    task domain. The worker id then follows a token that differs by domain, which gives RL a decision state per
-    domain: with the template's fixed line the domains share one, and an update for one domain's route moves the
-    others' (docs/decisions/031-domain-named-reasoning.md). The domain is a label of the question, not a grade."""
+    task domain (a label of the question, not a grade), so the worker id follows a token that differs by domain
+    where the template's fixed line gives every domain the same one. An ablation of how far RL's routing update for
+    one domain moves the others' (docs/log/2026-11-27-replay-rl-from-bandit-feedback.md)."""
     if config.reasoning == "template":
         return workflow
     domain = environment.tasks[question].domain
