@@ -100,8 +100,9 @@ def with_reasoning(
 ) -> Workflow:
     """The template as the student writes it: with `reasoning="domain"` its reasoning line first names the question's
     task domain (a label of the question, not a grade), so the worker id follows a token that differs by domain
-    where the template's fixed line gives every domain the same one. An ablation of how far RL's routing update for
-    one domain moves the others' (docs/log/2026-11-27-replay-rl-from-bandit-feedback.md)."""
+    where the template's fixed line gives every domain the same one. Whether that keeps RL's routing update for one
+    domain from moving the others' is measured in docs/log/2026-11-27-replay-rl-from-bandit-feedback.md (on the replay
+    world it does not)."""
     if config.reasoning == "template":
         return workflow
     domain = environment.tasks[question].domain
