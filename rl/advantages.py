@@ -6,9 +6,10 @@ is one function and one registry line. `compute` is the single entry point the t
 
 An estimator's keyword-only parameters are its options (grpo's `std_scaling`, reinforce_pp's `whiten`): `compute`
 takes them as a mapping and checks each against the estimator's signature, its name and its annotation (a `Literal`
-lists the accepted values), so a hyperparameter is one keyword-only parameter with a default. `lengths` is not an
-option: an estimator that declares it is given the completion lengths, which are required unless the parameter
-defaults to None (the REINFORCE++ estimators need them only to whiten per token).
+lists the accepted values), so a hyperparameter is one keyword-only parameter with a default. `lengths` and `strata`
+are not options but data: an estimator that declares one is given the completion lengths or the completions' strata
+(a label per completion, its question's task domain), required unless the parameter defaults to None (the
+REINFORCE++ estimators need lengths only to whiten per token, grpo needs strata only to scale per stratum).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, get_args
 
 import numpy as np
 
-StdScaling = Literal["group", "batch", "none"]
+StdScaling = Literal["group", "batch", "stratum", "none"]
 Whitening = Literal["token", "sequence"]
 
 
@@ -67,11 +68,23 @@ def _whiten(values: np.ndarray, whiten: Whitening, lengths: np.ndarray | None, e
     return (values - mean) / np.sqrt(variance + eps)
 
 
-def grpo(rewards: np.ndarray, group_ids: np.ndarray, *, std_scaling: StdScaling = "group", eps: float = 1e-4):
+def grpo(
+    rewards: np.ndarray,
+    group_ids: np.ndarray,
+    *,
+    strata: np.ndarray | None = None,
+    std_scaling: StdScaling = "group",
+    eps: float = 1e-4,
+):
     """GRPO (Shao et al. 2024): reward minus its group mean, divided by a standard deviation.
 
-    `std_scaling` picks that deviation: of the group ("group", the original), of the whole batch ("batch",
-    Hu et al. 2025 argue it is less biased towards easy/hard prompts) or none ("none").
+    c_i = r_i - mean_{j in g(i)} r_j, and A_i = c_i / (sigma + eps) with sigma as `std_scaling` says: the group's
+    std of r ("group", the original), the whole batch's std of r ("batch": Hu et al. 2025 argue it is less biased
+    towards easy/hard prompts), the std of c over the completions of i's stratum s(i) ("stratum"), or none (sigma = 1
+    and no eps, "none"); every std unbiased (ddof=1).
+    "stratum" gives every stratum (task domain) advantages of unit variance: a domain whose routes differ by a
+    little, or where most groups agree, pushes as hard as one with large, consistent differences, instead of being
+    outweighed by it through the parameters the domains share. It needs `strata`, a label per completion.
     """
     index, num_groups = _group_index(group_ids)
     centred = rewards - _group_mean(rewards, index, num_groups)
@@ -80,9 +93,18 @@ def grpo(rewards: np.ndarray, group_ids: np.ndarray, *, std_scaling: StdScaling 
     if std_scaling == "batch":
         std = rewards.std(ddof=1) if rewards.size > 1 else 0.0
         return centred / (std + eps)
+    if std_scaling == "stratum":
+        if strata is None:
+            raise ValueError("std_scaling='stratum' needs the completions' strata (a label per completion)")
+        stratum_index, num_strata = _group_index(np.asarray(strata))
+        squares = np.bincount(stratum_index, weights=centred**2, minlength=num_strata)
+        counts = np.bincount(stratum_index, minlength=num_strata)
+        # Centred values have mean 0 within each group, hence within each stratum (a union of whole groups).
+        std = np.sqrt(squares / np.maximum(counts - 1, 1))
+        return centred / (std[stratum_index] + eps)
     if std_scaling == "none":
         return centred
-    raise ValueError(f"std_scaling must be 'group', 'batch' or 'none', got {std_scaling!r}")
+    raise ValueError(f"std_scaling must be one of {get_args(StdScaling)}, got {std_scaling!r}")
 
 
 def dr_grpo(rewards: np.ndarray, group_ids: np.ndarray):
@@ -165,14 +187,19 @@ ESTIMATORS: dict[str, Estimator] = {
 }
 
 
+# Keyword-only parameters that `compute` fills from the batch rather than from options.
+_DATA_PARAMETERS = ("lengths", "strata")
+
+
 def accepted_options(name: str) -> dict[str, Any]:
-    """The options estimator `name` takes (its keyword-only parameters but `lengths`), each with its default."""
+    """The options estimator `name` takes (its keyword-only parameters but `lengths` and `strata`), each with its
+    default."""
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}")
     return {
         parameter.name: parameter.default
         for parameter in inspect.signature(ESTIMATORS[name]).parameters.values()
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.name != "lengths"
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.name not in _DATA_PARAMETERS
     }
 
 
@@ -236,12 +263,14 @@ def compute(
     group_ids,
     *,
     lengths=None,
+    strata=None,
     options: Mapping[str, Any] | None = None,
 ) -> np.ndarray:
     """Advantages[N] (float32) of estimator `name` for rewards[N] grouped by group_ids[N].
 
     `options` are the estimator's own keyword arguments (for example `{"std_scaling": "batch"}` for grpo), checked
-    by `check_options`.
+    by `check_options`. `lengths[N]` (completion lengths) and `strata[N]` (a label per completion) reach the
+    estimators that declare them.
     """
     options = dict(options or {})
     check_options(name, options)
@@ -262,6 +291,11 @@ def compute(
         if lengths.shape != rewards.shape:
             raise ValueError(f"lengths shape {lengths.shape} != rewards shape {rewards.shape}")
         options["lengths"] = lengths
+    if strata is not None and "strata" in inspect.signature(estimator).parameters:
+        strata = np.asarray(strata)
+        if strata.shape != rewards.shape:
+            raise ValueError(f"strata shape {strata.shape} != rewards shape {rewards.shape}")
+        options["strata"] = strata
     return np.asarray(estimator(rewards, group_ids, **options), dtype=np.float32)
 
 

@@ -68,7 +68,8 @@ class Rollout:
 
 class Environment(Protocol):
     """The environment as the loop sees it: questions by index, prompts as token ids, scored completions.
-    `question_strata` (a label per question, e.g. its domain) is needed only by `LoopConfig.stratify_questions`."""
+    `question_strata` (a label per question, e.g. its domain) is needed only by `LoopConfig.stratify_questions` and by
+    estimators that take strata (grpo's `std_scaling="stratum"`)."""
 
     num_questions: int
     question_strata: Sequence[str] | None
@@ -113,7 +114,8 @@ class LoopConfig:
     `env.rewards`, and the env and the evaluation credit an episode the same), and every round of the episode trains
     on it. A round is grouped with the same round of its question's other episodes; one alone in its group takes its
     episode's first-round advantage (`rl.advantages.credit_lone_later_rounds`). With `stratify_questions`, each
-    iteration's questions take the environment's `question_strata` labels (its task domains) in turn.
+    iteration's questions take the environment's `question_strata` labels (its task domains) in turn. Where the
+    environment has those labels, each completion's (its question's) reaches the estimator as its stratum.
     """
 
     iterations: int
@@ -225,9 +227,11 @@ class TrainingLoop:
         self.policy_version = 0
         self.rng_key = jax.random.key(config.seed)
         self._next_sample_id = 0
-        self._strata = getattr(environment, "question_strata", None) if config.stratify_questions else None
-        if config.stratify_questions and self._strata is None:
+        self._question_strata = getattr(environment, "question_strata", None)
+        if config.stratify_questions and self._question_strata is None:
             raise ValueError("stratify_questions needs an environment with question_strata (a label per question)")
+        if config.estimator_options.get("std_scaling") == "stratum" and self._question_strata is None:
+            raise ValueError("std_scaling='stratum' needs an environment with question_strata (a label per question)")
         if config.questions_per_step % jax.process_count():
             raise ValueError(
                 f"questions_per_step {config.questions_per_step} does not split over {jax.process_count()} processes: "
@@ -298,7 +302,8 @@ class TrainingLoop:
         started = time.perf_counter()
 
         questions = question_order(self.environment.num_questions, config.seed, self.data_position,
-                                   config.questions_per_step, self._strata)
+                                   config.questions_per_step,
+                                   self._question_strata if config.stratify_questions else None)
         share = config.questions_per_step // jax.process_count()
         first_group = jax.process_index() * share
         mine = questions[first_group : first_group + share]
@@ -323,8 +328,12 @@ class TrainingLoop:
         rewards_array = episode_rewards[episodes]
         group_ids = np.asarray([s.group_ids[i] for s, i in rows], dtype=np.int32)
         lengths = np.asarray([len(c.completion_ids) for c in completions], dtype=np.float32)
+        strata = None
+        if self._question_strata is not None:
+            strata = np.asarray([self._question_strata[s.questions[i]] for s, i in rows])
         advantages = advantage_estimators.compute(
-            config.estimator, rewards_array, group_ids, lengths=lengths, options=config.estimator_options
+            config.estimator, rewards_array, group_ids, lengths=lengths, strata=strata,
+            options=config.estimator_options,
         )
         advantages = advantage_estimators.credit_lone_later_rounds(advantages, group_ids, episodes)
         keep, dropped_groups = np.ones(len(rows), dtype=bool), 0

@@ -45,6 +45,54 @@ def test_grpo_batch_and_no_scaling():
     np.testing.assert_allclose(advantages.compute("dr_grpo", rewards, group_ids), centred, rtol=1e-5, atol=1e-6)
 
 
+def _strata_of_groups(group_ids):
+    """Groups 10 and 20 in stratum "a", 30 and 40 in "b" (the singleton group 10 included)."""
+    return np.where(group_ids <= 20, "a", "b")
+
+
+def test_grpo_stratum_scaling_divides_by_the_std_of_the_centred_rewards_over_each_stratum():
+    rewards, group_ids, _ = _random_batch(3)
+    strata = _strata_of_groups(group_ids)
+    centred = np.zeros_like(rewards)
+    for idx in _members(group_ids):
+        centred[idx] = rewards[idx] - rewards[idx].mean()
+    expected = np.zeros_like(rewards)
+    for label in ("a", "b"):
+        idx = np.nonzero(strata == label)[0]
+        expected[idx] = centred[idx] / (np.std(centred[idx], ddof=1) + 1e-4)
+    got = advantages.compute("grpo", rewards, group_ids, strata=strata, options={"std_scaling": "stratum"})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    for label in ("a", "b"):
+        assert np.std(got[strata == label], ddof=1) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_grpo_stratum_scaling_lets_no_stratum_outweigh_another_by_the_size_of_its_reward_differences():
+    rewards, group_ids, _ = _random_batch(4)
+    strata = _strata_of_groups(group_ids)
+    louder = np.where(strata == "b", 10.0 * rewards, rewards)
+
+    def scaled(values, std_scaling):
+        return advantages.compute("grpo", values, group_ids, strata=strata, options={"std_scaling": std_scaling})
+
+    np.testing.assert_allclose(scaled(louder, "stratum"), scaled(rewards, "stratum"), rtol=1e-4, atol=1e-5)
+    quiet = strata == "a"
+    assert np.abs(scaled(louder, "batch")[quiet]).sum() < 0.5 * np.abs(scaled(rewards, "batch")[quiet]).sum()
+
+
+def test_strata_reach_only_the_estimators_that_declare_them_and_must_fit_the_rewards():
+    rewards, group_ids, _ = _random_batch(5)
+    strata = _strata_of_groups(group_ids)
+    np.testing.assert_array_equal(
+        advantages.compute("rloo", rewards, group_ids, strata=strata), advantages.compute("rloo", rewards, group_ids)
+    )
+    with pytest.raises(ValueError, match="std_scaling='stratum' needs the completions' strata"):
+        advantages.compute("grpo", rewards, group_ids, options={"std_scaling": "stratum"})
+    with pytest.raises(ValueError, match="strata shape"):
+        advantages.compute("grpo", rewards, group_ids, strata=strata[:-1], options={"std_scaling": "stratum"})
+    with pytest.raises(ValueError, match="takes no option 'strata'"):
+        advantages.check_options("grpo", {"strata": strata})
+
+
 def test_rloo_subtracts_mean_of_other_samples():
     rewards, group_ids, _ = _random_batch(2)
     expected = np.zeros_like(rewards)
@@ -220,7 +268,7 @@ def test_an_option_reaches_the_estimator_that_declares_it(monkeypatch):
         advantages.compute("scaled", [1.0, -2.0], [0, 0], options={"scale": "3"})
 
 
-def test_the_registered_estimators_declare_their_options_and_lengths_is_not_one():
+def test_the_registered_estimators_declare_their_options_and_lengths_and_strata_are_not_options():
     assert advantages.accepted_options("grpo") == {"std_scaling": "group", "eps": 1e-4}
     assert advantages.accepted_options("reinforce_pp") == {"whiten": "token", "eps": 1e-8}
     assert advantages.accepted_options("opo") == {} and advantages.accepted_options("dr_grpo") == {}
@@ -232,7 +280,8 @@ def test_the_registered_estimators_declare_their_options_and_lengths_is_not_one(
         ("dr_grpo", {"std_scaling": "none"}, r"estimator 'dr_grpo' takes no option 'std_scaling'; it takes none"),
         ("grpo", {"whiten": "token"}, r"estimator 'grpo' takes no option 'whiten'; it takes \['eps', 'std_scaling'\]"),
         ("grpo", {"eps": True}, r"'grpo': option 'eps' must be float, got True"),
-        ("grpo", {"std_scaling": "rows"}, r"'grpo': option 'std_scaling' must be \('group', 'batch', 'none'\)"),
+        ("grpo", {"std_scaling": "rows"},
+         r"'grpo': option 'std_scaling' must be \('group', 'batch', 'stratum', 'none'\)"),
         ("opo", {"lengths": [1.0, 2.0]}, r"'opo' takes no option 'lengths'"),
     ],
 )

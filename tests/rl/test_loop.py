@@ -123,6 +123,24 @@ def test_a_stratified_loop_asks_one_question_of_each_domain_per_iteration():
         make_loop(ParityWorld(), stratify_questions=True)
 
 
+def test_the_questions_strata_reach_the_estimator_and_stratum_scaling_gives_each_unit_variance():
+    world = ParityWorld(num_questions=6, question_strata=("x", "x", "x", "y", "y", "y"))
+    loop, _ = make_loop(world, iterations=4, stratify_questions=True, estimator_options={"std_scaling": "stratum"})
+    loop.run()
+    checked = 0
+    for batch in loop.learner.batches:
+        questions = np.asarray(batch.tokens)[:, batch.completion_start - 1] - 3
+        row_strata = np.asarray([world.question_strata[q] for q in questions])
+        for label in ("x", "y"):
+            values = np.asarray(batch.advantages)[row_strata == label, batch.completion_start]
+            if np.any(values != 0):
+                assert np.std(values, ddof=1) == pytest.approx(1.0, abs=1e-3)
+                checked += 1
+    assert checked > 0
+    with pytest.raises(ValueError, match="std_scaling='stratum' needs an environment with question_strata"):
+        make_loop(ParityWorld(), estimator_options={"std_scaling": "stratum"})
+
+
 def test_each_iteration_updates_syncs_a_new_version_and_advances_the_data():
     loop, syncs = make_loop(ParityWorld(), iterations=3)
     history = loop.run()
