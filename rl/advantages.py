@@ -14,10 +14,11 @@ REINFORCE++ estimators need lengths only to whiten per token, grpo needs strata 
 
 from __future__ import annotations
 
+import collections
 import inspect
 import types
 import typing
-from typing import Any, Callable, Literal, Mapping, get_args
+from typing import Any, Callable, Hashable, Literal, Mapping, Sequence, get_args
 
 import numpy as np
 
@@ -297,6 +298,29 @@ def compute(
             raise ValueError(f"strata shape {strata.shape} != rewards shape {rewards.shape}")
         options["strata"] = strata
     return np.asarray(estimator(rewards, group_ids, **options), dtype=np.float32)
+
+
+def balance_routes(advantages, routes: Sequence[Hashable | None]) -> np.ndarray:
+    """Each completion's advantage minus the mean advantage of its route over the batch.
+
+    A'_i = A_i - mean_{j: route_j = route_i} A_j; a completion without a route (`None`: no valid workflow) keeps A_i.
+    Why: the policy's decision state has a part that every stratum (task domain) shares, and that part is pushed
+    towards each route by the sum of the route's advantages over the whole batch, so a route that pays well in one
+    stratum is pushed up in all of them. Balanced, that sum is zero for every route: a stratum learns only how much
+    more or less a route pays there than across the batch. The price: a route that is best everywhere is not learned
+    as such, and a batch of one stratum learns nothing; a probe of the spillover between strata, not a default.
+    """
+    advantages = np.asarray(advantages, dtype=np.float32)
+    if advantages.ndim != 1 or len(routes) != advantages.size:
+        raise ValueError(f"{len(routes)} routes for advantages of shape {advantages.shape}")
+    balanced = advantages.copy()
+    rows_of = collections.defaultdict(list)
+    for row, route in enumerate(routes):
+        if route is not None:
+            rows_of[route].append(row)
+    for rows in rows_of.values():
+        balanced[rows] -= advantages[rows].mean()
+    return balanced
 
 
 def zero_variance_groups(rewards, group_ids) -> tuple[np.ndarray, int]:

@@ -115,7 +115,9 @@ class LoopConfig:
     on it. A round is grouped with the same round of its question's other episodes; one alone in its group takes its
     episode's first-round advantage (`rl.advantages.credit_lone_later_rounds`). With `stratify_questions`, each
     iteration's questions take the environment's `question_strata` labels (its task domains) in turn. Where the
-    environment has those labels, each completion's (its question's) reaches the estimator as its stratum.
+    environment has those labels, each completion's (its question's) reaches the estimator as its stratum. With
+    `balance_routes`, each completion's advantage is taken relative to its route's (the workers its workflow called)
+    mean advantage over the batch (`rl.advantages.balance_routes`).
     """
 
     iterations: int
@@ -124,6 +126,7 @@ class LoopConfig:
     estimator: str = "grpo"
     estimator_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dynamic_sampling: bool = False
+    balance_routes: bool = False
     recursion_rounds: int = 0
     stratify_questions: bool = False
     checkpoint_every: int = 10
@@ -336,6 +339,9 @@ class TrainingLoop:
             options=config.estimator_options,
         )
         advantages = advantage_estimators.credit_lone_later_rounds(advantages, group_ids, episodes)
+        if config.balance_routes:
+            routes = [s.rollouts[i].workers or None for s, i in rows]
+            advantages = advantage_estimators.balance_routes(advantages, routes)
         keep, dropped_groups = np.ones(len(rows), dtype=bool), 0
         if config.dynamic_sampling:
             keep, dropped_groups = advantage_estimators.zero_variance_groups(rewards_array, group_ids)

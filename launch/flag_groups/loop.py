@@ -21,6 +21,11 @@ _FIELDS = {
     "group_size": flags.DEFINE_integer("group_size", 8, "Completions per question."),
     "estimator": flags.DEFINE_enum("estimator", "grpo", sorted(ESTIMATORS), "Advantage estimator."),
     "dynamic_sampling": flags.DEFINE_boolean("dynamic_sampling", False, "Drop groups whose rewards all agree."),
+    "balance_routes": flags.DEFINE_boolean(
+        "balance_routes", False,
+        "Take each completion's advantage relative to its route's mean advantage over the batch, so no route is "
+        "pushed up in every task domain by what it earns in one (a probe of the spillover between domains).",
+    ),
     "checkpoint_every": flags.DEFINE_integer("checkpoint_every", 10, "Iterations between checkpoints."),
 }
 _ESTIMATOR_OPTIONS = {

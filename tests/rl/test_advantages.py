@@ -93,6 +93,21 @@ def test_strata_reach_only_the_estimators_that_declare_them_and_must_fit_the_rew
         advantages.check_options("grpo", {"strata": strata})
 
 
+def test_balance_routes_removes_each_routes_batch_mean_and_leaves_rows_without_a_route():
+    values = np.asarray([1.0, -0.5, 2.0, 0.25, -1.0, 3.0], dtype=np.float32)
+    routes = [(0,), (1,), (0,), None, (1,), (0, 1)]
+    balanced = advantages.balance_routes(values, routes)
+    expected = values.copy()
+    expected[[0, 2]] -= 1.5
+    expected[[1, 4]] -= -0.75
+    expected[5] = 0.0
+    np.testing.assert_allclose(balanced, expected, rtol=1e-6)
+    for route in [(0,), (1,), (0, 1)]:
+        assert sum(balanced[i] for i, r in enumerate(routes) if r == route) == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="5 routes for advantages of shape"):
+        advantages.balance_routes(values, routes[:5])
+
+
 def test_rloo_subtracts_mean_of_other_samples():
     rewards, group_ids, _ = _random_batch(2)
     expected = np.zeros_like(rewards)

@@ -38,6 +38,7 @@ class ParityWorld:
     followup: bool = False
     second_reward: float = 0.75
     question_strata: tuple[str, ...] | None = None
+    routes: int = 1  # a first round calls worker (first completion token mod routes)
 
     def prompt_ids(self, question):
         return [1, 2, question + 3]
@@ -49,7 +50,8 @@ class ParityWorld:
                 rollouts.append(Rollout(self.second_reward, {"correct": self.second_reward}))
                 continue
             reward = self.constant_reward if self.constant_reward is not None else float(completion[0] % 2 == 0)
-            rollouts.append(Rollout(reward, {"correct": reward}, workers=(0,), context="first" if self.followup else None,
+            rollouts.append(Rollout(reward, {"correct": reward}, workers=(completion[0] % self.routes,),
+                                    context="first" if self.followup else None,
                                     followup_prompt_ids=[1, 2, 200] if self.followup else None))
         return rollouts
 
@@ -139,6 +141,20 @@ def test_the_questions_strata_reach_the_estimator_and_stratum_scaling_gives_each
     assert checked > 0
     with pytest.raises(ValueError, match="std_scaling='stratum' needs an environment with question_strata"):
         make_loop(ParityWorld(), estimator_options={"std_scaling": "stratum"})
+
+
+def test_balanced_routes_leave_every_route_a_zero_advantage_sum_in_each_batch():
+    world = ParityWorld(routes=3)
+    loop, _ = make_loop(world, iterations=4, balance_routes=True)
+    loop.run()
+    moved = 0
+    for batch in loop.learner.batches:
+        values = np.asarray(batch.advantages)[:, batch.completion_start]
+        routes = first_completion_tokens(batch) % 3
+        moved += int(np.any(values != 0))
+        for route in np.unique(routes):
+            assert values[routes == route].sum() == pytest.approx(0.0, abs=1e-5)
+    assert moved > 0, "balancing left no advantage at all"
 
 
 def test_each_iteration_updates_syncs_a_new_version_and_advances_the_data():
