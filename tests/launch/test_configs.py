@@ -31,7 +31,7 @@ def _settings(path: pathlib.Path) -> dict[str, str]:
 def test_the_shipped_flagfiles_are_found():
     assert {path.name for path in CONFIGS} >= {
         "paper.cfg", "quickstart.cfg", "synthetic.cfg", "replay_routerdc.cfg", "serve_local.cfg", "workflows.cfg",
-        "cost_aware.cfg",
+        "cost_aware.cfg", "replay_rl.cfg",
     }
 
 
@@ -69,3 +69,18 @@ def test_the_workflows_flagfile_states_its_worlds_exact_optimum_and_starts_from_
     two_steps = max(expected_reward(w, skills, weights, answer_model, reward_config) for w in workflow_shapes(3, 2))
     assert two_steps < 0.95 * best.expected_reward
     assert teacher.teacher == "templates" and teacher.templates == ("uniform_shape",)
+
+
+def test_the_replay_rl_flagfile_learns_every_route_from_rl_on_the_replay_recipes_files():
+    """replay_rl.cfg trains and evaluates on replay_routerdc.cfg's files, and its warm-start is the templates
+    teacher (uniformly drawn workers), never one that reads grades (the world and rollouts teachers)."""
+    with flagsaver.flagsaver():
+        flags.FLAGS(["train", f"--flagfile={CONFIGS_DIR / 'replay_routerdc.cfg'}"])
+        recipe_files = (flags.FLAGS["tasks"].value, flags.FLAGS["eval_tasks"].value)
+    with flagsaver.flagsaver():
+        flags.FLAGS(["train", f"--flagfile={CONFIGS_DIR / 'replay_rl.cfg'}"])
+        teacher = teacher_flags.from_flags()
+        assert (flags.FLAGS["tasks"].value, flags.FLAGS["eval_tasks"].value) == recipe_files
+        assert flags.FLAGS["warm_start_steps"].value > 0 and flags.FLAGS["iterations"].value > 0
+        assert flags.FLAGS["expected_grades"].value and flags.FLAGS["max_steps"].value == 1
+    assert teacher.teacher == "templates" and teacher.templates == ("single",) and teacher.reasoning == "template"
