@@ -98,11 +98,7 @@ def grpo(
         if strata is None:
             raise ValueError("std_scaling='stratum' needs the completions' strata (a label per completion)")
         stratum_index, num_strata = _group_index(np.asarray(strata))
-        squares = np.bincount(stratum_index, weights=centred**2, minlength=num_strata)
-        counts = np.bincount(stratum_index, minlength=num_strata)
-        # Centred values have mean 0 within each group, hence within each stratum (a union of whole groups).
-        std = np.sqrt(squares / np.maximum(counts - 1, 1))
-        return centred / (std[stratum_index] + eps)
+        return centred / (_group_std(centred, stratum_index, num_strata) + eps)
     if std_scaling == "none":
         return centred
     raise ValueError(f"std_scaling must be one of {get_args(StdScaling)}, got {std_scaling!r}")
