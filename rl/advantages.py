@@ -184,8 +184,9 @@ ESTIMATORS: dict[str, Estimator] = {
 }
 
 
-# Keyword-only parameters that `compute` fills from the batch rather than from options.
-_DATA_PARAMETERS = ("lengths", "strata")
+# Keyword-only parameters that `compute` fills from the batch rather than from options: what each holds (for its
+# error) and the dtype it is given in (None: as passed).
+_DATA_PARAMETERS = {"lengths": ("completion lengths", np.float64), "strata": ("the completions' strata", None)}
 
 
 def accepted_options(name: str) -> dict[str, Any]:
@@ -280,19 +281,18 @@ def compute(
     if not np.all(np.isfinite(rewards)):
         raise ValueError("rewards must be finite")
     estimator = ESTIMATORS[name]
-    lengths_parameter = inspect.signature(estimator).parameters.get("lengths")
-    if lengths_parameter is not None and (lengths is not None or lengths_parameter.default is inspect.Parameter.empty):
-        if lengths is None:
-            raise ValueError(f"estimator {name!r} needs completion lengths")
-        lengths = np.asarray(lengths, dtype=np.float64)
-        if lengths.shape != rewards.shape:
-            raise ValueError(f"lengths shape {lengths.shape} != rewards shape {rewards.shape}")
-        options["lengths"] = lengths
-    if strata is not None and "strata" in inspect.signature(estimator).parameters:
-        strata = np.asarray(strata)
-        if strata.shape != rewards.shape:
-            raise ValueError(f"strata shape {strata.shape} != rewards shape {rewards.shape}")
-        options["strata"] = strata
+    parameters = inspect.signature(estimator).parameters
+    for data_name, value in (("lengths", lengths), ("strata", strata)):
+        parameter = parameters.get(data_name)
+        if parameter is None or (value is None and parameter.default is not inspect.Parameter.empty):
+            continue
+        description, dtype = _DATA_PARAMETERS[data_name]
+        if value is None:
+            raise ValueError(f"estimator {name!r} needs {description}")
+        value = np.asarray(value, dtype=dtype)
+        if value.shape != rewards.shape:
+            raise ValueError(f"{data_name} shape {value.shape} != rewards shape {rewards.shape}")
+        options[data_name] = value
     return np.asarray(estimator(rewards, group_ids, **options), dtype=np.float32)
 
 
