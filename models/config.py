@@ -13,6 +13,7 @@ import numpy as np
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "cudnn")
+MATMUL_IMPLEMENTATIONS = ("auto", "xla", "mkl")
 
 _SUPPORTED_ROPE_TYPES = (None, "default")
 _SUPPORTED_ACTIVATIONS = ("silu",)
@@ -38,7 +39,10 @@ class ModelConfig:
     backward pass, trading compute for activation memory. `attention_implementation` is "einsum" (scores as
     explicit matmuls and a float32 softmax; every backend), "cudnn" (cuDNN's fused attention, NVIDIA GPUs only) or
     "auto" (cuDNN where it applies: a CUDA backend, a 16-bit compute dtype and a head_dim cuDNN takes; else einsum).
-    Calls with a prefix cache always take the einsum path.
+    Calls with a prefix cache always take the einsum path. `matmul_implementation` picks the kernel of the
+    projections and the output head: "xla" (XLA's dot on every backend), "mkl" (MKL's sgemm through a custom call,
+    float32 on the CPU backend; `models.mkl_matmul`) or "auto" (MKL where it was measured faster: a float32 model on
+    one Intel CPU device; else XLA).
     """
 
     family: str
@@ -59,6 +63,7 @@ class ModelConfig:
     dtype: Any = "float32"
     remat: bool = False
     attention_implementation: str = "auto"
+    matmul_implementation: str = "auto"
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -83,6 +88,10 @@ class ModelConfig:
             raise ValueError(
                 f"attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, "
                 f"got {self.attention_implementation!r}"
+            )
+        if self.matmul_implementation not in MATMUL_IMPLEMENTATIONS:
+            raise ValueError(
+                f"matmul_implementation must be one of {MATMUL_IMPLEMENTATIONS}, got {self.matmul_implementation!r}"
             )
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")

@@ -12,10 +12,21 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models import mkl_matmul
 from models.config import ModelConfig
 
 # HF initialises every matrix with N(0, initializer_range=0.02); random models here start from the same scale.
 _WEIGHT_INIT = nnx.initializers.normal(stddev=0.02)
+
+
+def _on_mkl(config: ModelConfig) -> bool:
+    return mkl_matmul.resolve(config.matmul_implementation, config.dtype) == "mkl"
+
+
+def _linear_options(config: ModelConfig) -> dict:
+    """What every projection's `nnx.Linear` shares: dtypes, initialiser and the matmul kernel the config resolves to."""
+    return dict(dtype=config.dtype, param_dtype=config.param_dtype, kernel_init=_WEIGHT_INIT,
+                dot_general=mkl_matmul.dot_general if _on_mkl(config) else jax.lax.dot_general)
 
 
 class RMSNorm(nnx.Module):
@@ -90,6 +101,9 @@ def uses_fused_attention(config: ModelConfig) -> bool:
     )
 
 
+# Attention's two products per [batch, kv-head] entry: queries against keys, then weights against values.
+_SCORES, _VALUES = "bkqd,bksd->bkqs", "bkqs,bksd->bkqd"
+
 # Query blocks of causal attention, and the fewest queries a block may hold (below that, one block's saving is less
 # than the cost of another set of ops).
 _CAUSAL_BLOCKS, _MIN_QUERIES_PER_BLOCK = 4, 32
@@ -117,13 +131,14 @@ class Attention(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
-        dims = dict(dtype=config.dtype, param_dtype=config.param_dtype, kernel_init=_WEIGHT_INIT, rngs=rngs)
+        dims = dict(**_linear_options(config), rngs=rngs)
         q_width = config.num_heads * config.head_dim
         kv_width = config.num_kv_heads * config.head_dim
         self.q_proj = nnx.Linear(config.hidden_size, q_width, use_bias=config.attention_bias, **dims)
         self.k_proj = nnx.Linear(config.hidden_size, kv_width, use_bias=config.attention_bias, **dims)
         self.v_proj = nnx.Linear(config.hidden_size, kv_width, use_bias=config.attention_bias, **dims)
         self.o_proj = nnx.Linear(q_width, config.hidden_size, use_bias=False, **dims)
+        self.on_mkl = _on_mkl(config)
         if config.qk_norm:
             norm = dict(eps=config.rms_norm_eps, dtype=config.dtype, param_dtype=config.param_dtype)
             self.q_norm = RMSNorm(config.head_dim, **norm)
@@ -181,23 +196,36 @@ class Attention(nnx.Module):
         q = q.reshape(batch, length, config.num_kv_heads, config.num_query_groups, config.head_dim)
         q = q.transpose(0, 2, 3, 1, 4).reshape(batch, config.num_kv_heads, -1, config.head_dim)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-        scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
+        scores = self._per_head_product(_SCORES, q, k)
         scores = scores.reshape(batch, config.num_kv_heads, config.num_query_groups, length, -1) * config.head_dim**-0.5
         # A finite fill keeps fully masked rows (left-padding queries) finite: they average the keys of their block,
         # never NaN; no real token reads them.
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(config.dtype)
-        out = jnp.einsum("bkqs,bksd->bkqd", probs.reshape(batch, config.num_kv_heads, -1, probs.shape[-1]), v)
+        # Softmax normalised after the value product, as flash attention does: the division runs over [T, D] rather
+        # than over the wider [T, S] weights. Subtracting the row maximum only keeps exp finite; it cancels in the
+        # ratio, so it carries no gradient.
+        weights = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
+        out = self._per_head_product(
+            _VALUES, weights.astype(config.dtype).reshape(batch, config.num_kv_heads, -1, weights.shape[-1]), v
+        )
         out = out.reshape(batch, config.num_kv_heads, config.num_query_groups, length, config.head_dim)
+        out = (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(config.dtype)
         return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, config.num_heads * config.head_dim)
+
+    def _per_head_product(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+        """`jnp.einsum(spec, a, b)` for attention's two products (scores in float32), one matrix product per [B, K]
+        entry: XLA's einsum, or on the MKL kernel as one batch, the keys transposed for the scores."""
+        if not self.on_mkl:
+            return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32 if spec == _SCORES else None)
+        stacked = mkl_matmul.matmul(a.reshape(-1, *a.shape[2:]), b.reshape(-1, *b.shape[2:]), False, spec == _SCORES)
+        return stacked.reshape(*a.shape[:2], *stacked.shape[1:])
 
 
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        dims = dict(use_bias=False, dtype=config.dtype, param_dtype=config.param_dtype, kernel_init=_WEIGHT_INIT,
-                    rngs=rngs)
+        dims = dict(use_bias=False, **_linear_options(config), rngs=rngs)
         self.gate_proj = nnx.Linear(config.hidden_size, config.intermediate_size, **dims)
         self.up_proj = nnx.Linear(config.hidden_size, config.intermediate_size, **dims)
         self.down_proj = nnx.Linear(config.intermediate_size, config.hidden_size, **dims)
@@ -252,9 +280,9 @@ class Transformer(nnx.Module):
                             param_dtype=config.param_dtype)
         if not config.tie_word_embeddings:
             self.lm_head = nnx.Linear(
-                config.hidden_size, config.vocab_size, use_bias=False, dtype=config.dtype,
-                param_dtype=config.param_dtype, kernel_init=_WEIGHT_INIT, rngs=rngs,
+                config.hidden_size, config.vocab_size, use_bias=False, **_linear_options(config), rngs=rngs
             )
+        self.on_mkl = _on_mkl(config)
 
     def __call__(
         self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, prefix: PrefixCache | None = None
@@ -304,9 +332,12 @@ class Transformer(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """`[..., vocab]` logits in the compute dtype."""
-        if self.config.tie_word_embeddings:
-            return self.embed_tokens.attend(hidden)
-        return self.lm_head(hidden)
+        if not self.config.tie_word_embeddings:
+            return self.lm_head(hidden)
+        if self.on_mkl:
+            contract_hidden = (((hidden.ndim - 1,), (1,)), ((), ()))
+            return mkl_matmul.dot_general(hidden, self.embed_tokens.embedding[...], contract_hidden)
+        return self.embed_tokens.attend(hidden)
 
     def token_logits(self, hidden: jax.Array, token_ids: jax.Array) -> jax.Array:
         """The logit of `token_ids[n]` alone for each row of `hidden [N, hidden]`, `[N]`: from that token's row of
@@ -330,4 +361,7 @@ class Transformer(nnx.Module):
             weight, spec = self.embed_tokens.embedding[...], "vd,nd->vn"
         else:
             weight, spec = self.lm_head.kernel[...], "dv,nd->vn"
+        if self.on_mkl:
+            return mkl_matmul.matmul(weight.astype(dtype), hidden.astype(dtype), not self.config.tie_word_embeddings,
+                                     True)
         return jnp.einsum(spec, weight.astype(dtype), hidden.astype(dtype))
