@@ -1,6 +1,8 @@
 """Forward throughput of SmolLM2-135M-Instruct: Flax NNX under jit vs transformers/torch eager, same run.
 
-Batch 8 x 256 tokens, float32, logits included on both sides. Goal: Flax >= 1.2x torch tokens/s.
+Batch 8 x 256 tokens, float32, logits included on both sides. Goal: Flax >= 1.2x torch tokens/s. Flax runs its
+matmuls on the kernel `--matmul_implementation=auto` picks on this host (`models.mkl_matmul`); where that is MKL, a
+second Flax engine on XLA's dot shows what the kernel changes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import transformers
 from flax import nnx
 
 from launch.benchmark_suites.common import Report, timed
-from models import hf_io, zoo
+from models import hf_io, mkl_matmul, zoo
 
 BATCH, LENGTH, REPEATS = 8, 256, 3
 GOAL_RATIO = 1.2
@@ -27,9 +29,9 @@ def benchmark_tokens() -> np.ndarray:
     return np.random.default_rng(0).integers(0, 49152, size=(BATCH, LENGTH), dtype=np.int32)
 
 
-def flax_forward_call(model_dir: str, tokens: np.ndarray) -> Callable[[], None]:
+def flax_forward_call(model_dir: str, tokens: np.ndarray, matmul_implementation: str = "auto") -> Callable[[], None]:
     """The Flax side of the suite: one jitted forward with logits over `tokens`, blocking until done."""
-    graphdef, params = nnx.split(hf_io.load(model_dir))
+    graphdef, params = nnx.split(hf_io.load(model_dir, matmul_implementation=matmul_implementation))
 
     @jax.jit
     def flax_forward(params, tokens):
@@ -57,22 +59,25 @@ def run() -> Report:
     model_dir = zoo.smollm2_135m_instruct()
     tokens = benchmark_tokens()
     n_tokens = BATCH * LENGTH
-    run_flax = flax_forward_call(model_dir, tokens)
-    run_torch = torch_forward_call(model_dir, tokens)
+    matmuls = mkl_matmul.resolve("auto", jnp.float32)
+    engines = {f"flax nnx (jax.jit), {matmuls} matmuls": flax_forward_call(model_dir, tokens)}
+    if matmuls != "xla":
+        engines["flax nnx (jax.jit), xla matmuls"] = flax_forward_call(model_dir, tokens, "xla")
+    engines["transformers (torch eager)"] = torch_forward_call(model_dir, tokens)
 
-    # Alternate the engines so that both see the same background load on a shared machine.
-    flax_seconds, torch_seconds = [], []
+    # Alternate the engines so that all see the same background load on a shared machine.
+    seconds: dict[str, list[float]] = {name: [] for name in engines}
     for repeat in range(REPEATS):
-        flax_seconds += timed(run_flax, repeats=1, warmup=1 if repeat == 0 else 0)
-        torch_seconds += timed(run_torch, repeats=1, warmup=1 if repeat == 0 else 0)
+        for name, call in engines.items():
+            seconds[name] += timed(call, repeats=1, warmup=1 if repeat == 0 else 0)
 
-    flax_tps = n_tokens / statistics.median(flax_seconds)
-    torch_tps = n_tokens / statistics.median(torch_seconds)
+    tokens_per_s = {name: n_tokens / statistics.median(times) for name, times in seconds.items()}
+    flax_tps, torch_tps = tokens_per_s[next(iter(engines))], tokens_per_s["transformers (torch eager)"]
     ratio = flax_tps / torch_tps
-    rows = [
-        ["flax nnx (jax.jit)", statistics.median(flax_seconds), min(flax_seconds), flax_tps],
-        ["transformers (torch eager)", statistics.median(torch_seconds), min(torch_seconds), torch_tps],
-    ]
+    rows = [[name, statistics.median(times), min(times), tokens_per_s[name]] for name, times in seconds.items()]
+    xla_figures = {}
+    if matmuls != "xla":
+        xla_figures["flax_xla_matmuls_over_torch"] = round(tokens_per_s["flax nnx (jax.jit), xla matmuls"] / torch_tps, 3)
     return Report(
         suite="forward",
         columns=["engine", "median_s", "min_s", "tokens_per_s"],
@@ -85,6 +90,8 @@ def run() -> Report:
             "flax_tokens_per_s": round(flax_tps, 1),
             "torch_tokens_per_s": round(torch_tps, 1),
             "flax_over_torch": round(ratio, 3),
+            "flax_matmul_implementation": matmuls,
+            **xla_figures,
             "goal_flax_over_torch": GOAL_RATIO,
             "goal_met": ratio >= GOAL_RATIO,
             "torch_threads": torch.get_num_threads(),
