@@ -2,9 +2,9 @@
 
 On Intel Xeon hosts XLA:CPU's dot kernels run SmolLM2's matmuls slower than the MKL build torch ships, and those
 matmuls are most of the learner's step, so Flax lost to torch eager there. This module gives the learner torch's
-kernel without torch's runtime: `csrc/mkl_matmul.cc` is a small XLA FFI handler that calls MKL's ILP64 `sgemm`
-through a function pointer taken from torch's `libtorch_cpu` (nothing is linked), built on first use with the host's
-C++ compiler against jaxlib's FFI headers and cached under `$XDG_CACHE_HOME/conductor-rl/kernels/`.
+kernel without torch's runtime: `csrc/mkl_matmul.cc` is a small XLA FFI handler that calls MKL's ILP64 `sgemm` and
+`sgemm_batch` through function pointers taken from torch's `libtorch_cpu` (nothing is linked), built on first use with
+the host's C++ compiler against jaxlib's FFI headers and cached under `$XDG_CACHE_HOME/conductor-rl/kernels/`.
 docs/decisions/031-mkl-matmul-on-intel-cpus.md has the measurements and the choice of hosts.
 
 - `matmul(a, b, transpose_a, transpose_b)`: op(a) @ op(b) for float32 matrices or batches of them, differentiable.
@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 
+from models import zoo
 from models.config import MATMUL_IMPLEMENTATIONS
 
 _FFI_TARGET = "conductor_mkl_matmul"
@@ -56,11 +57,6 @@ def cpuinfo_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
     return fields
 
 
-def _cache_dir() -> pathlib.Path:
-    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-    return pathlib.Path(base) / "conductor-rl" / "kernels"
-
-
 def _compiler() -> str | None:
     for candidate in (os.environ.get("CXX"), "g++", "c++", "clang++"):
         if candidate and shutil.which(candidate):
@@ -73,7 +69,7 @@ def _build_kernel() -> pathlib.Path:
     file and rename it into place, so a reader never sees a half-written library."""
     source = _SOURCE.read_bytes()
     key = hashlib.sha256(source + jaxlib.__version__.encode()).hexdigest()[:16]
-    library = _cache_dir() / f"mkl_matmul-{key}.so"
+    library = zoo.cache_root() / "kernels" / f"mkl_matmul-{key}.so"
     if library.exists():
         return library
     compiler = _compiler()

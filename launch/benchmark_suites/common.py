@@ -10,6 +10,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from launch import host_memory
+from models import mkl_matmul
 
 
 @dataclasses.dataclass
@@ -27,15 +28,8 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU as the kernel names it, with its vendor, family and model numbers and whether it has AVX-512, e.g.
     "Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167, avx512f)": XLA:CPU and torch rank differently on
     different CPUs, so every CPU figure needs it beside it."""
-    fields: dict[str, str] = {}
-    try:
-        with open(cpuinfo) as lines:
-            for line in lines:
-                if not line.strip():
-                    break  # the first processor's block says it for all
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
+    fields = mkl_matmul.cpuinfo_fields(cpuinfo)
+    if not fields:
         return platform.processor() or platform.machine()
     avx512 = ", avx512f" if "avx512f" in fields.get("flags", "").split() else ""
     return (f"{fields.get('model name', platform.machine())} ({fields.get('vendor_id', '?')} family "
