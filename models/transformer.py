@@ -23,10 +23,10 @@ def _on_mkl(config: ModelConfig) -> bool:
     return mkl_matmul.resolve(config.matmul_implementation, config.dtype) == "mkl"
 
 
-def _linear_options(config: ModelConfig) -> dict:
-    """What every projection's `nnx.Linear` shares: dtypes, initialiser and the matmul kernel the config resolves to."""
+def _linear_options(config: ModelConfig, on_mkl: bool) -> dict:
+    """What every projection's `nnx.Linear` shares: dtypes, initialiser and the matmul kernel (`_on_mkl(config)`)."""
     return dict(dtype=config.dtype, param_dtype=config.param_dtype, kernel_init=_WEIGHT_INIT,
-                dot_general=mkl_matmul.dot_general if _on_mkl(config) else jax.lax.dot_general)
+                dot_general=mkl_matmul.dot_general if on_mkl else jax.lax.dot_general)
 
 
 class RMSNorm(nnx.Module):
@@ -131,14 +131,14 @@ class Attention(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
-        dims = dict(**_linear_options(config), rngs=rngs)
+        self.on_mkl = _on_mkl(config)
+        dims = dict(**_linear_options(config, self.on_mkl), rngs=rngs)
         q_width = config.num_heads * config.head_dim
         kv_width = config.num_kv_heads * config.head_dim
         self.q_proj = nnx.Linear(config.hidden_size, q_width, use_bias=config.attention_bias, **dims)
         self.k_proj = nnx.Linear(config.hidden_size, kv_width, use_bias=config.attention_bias, **dims)
         self.v_proj = nnx.Linear(config.hidden_size, kv_width, use_bias=config.attention_bias, **dims)
         self.o_proj = nnx.Linear(q_width, config.hidden_size, use_bias=False, **dims)
-        self.on_mkl = _on_mkl(config)
         if config.qk_norm:
             norm = dict(eps=config.rms_norm_eps, dtype=config.dtype, param_dtype=config.param_dtype)
             self.q_norm = RMSNorm(config.head_dim, **norm)
@@ -225,7 +225,7 @@ class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        dims = dict(use_bias=False, **_linear_options(config), rngs=rngs)
+        dims = dict(use_bias=False, **_linear_options(config, _on_mkl(config)), rngs=rngs)
         self.gate_proj = nnx.Linear(config.hidden_size, config.intermediate_size, **dims)
         self.up_proj = nnx.Linear(config.hidden_size, config.intermediate_size, **dims)
         self.down_proj = nnx.Linear(config.intermediate_size, config.hidden_size, **dims)
@@ -278,11 +278,11 @@ class Transformer(nnx.Module):
         self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=config.dtype,
                             param_dtype=config.param_dtype)
+        self.on_mkl = _on_mkl(config)
         if not config.tie_word_embeddings:
             self.lm_head = nnx.Linear(
-                config.hidden_size, config.vocab_size, use_bias=False, **_linear_options(config), rngs=rngs
+                config.hidden_size, config.vocab_size, use_bias=False, **_linear_options(config, self.on_mkl), rngs=rngs
             )
-        self.on_mkl = _on_mkl(config)
 
     def __call__(
         self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, prefix: PrefixCache | None = None
