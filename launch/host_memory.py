@@ -22,7 +22,8 @@ Two ways to apply them, because glibc reads its tunables only when a process sta
   which matters because one update of even a 135M model on a few thousand tokens needs a temporary buffer of several
   GB (the learner benchmark's figures with and without it: the same decision page). The restarted process removes
   the variable from its environment, so the programs it starts begin with glibc's defaults (an entry point among
-  them restarts itself in turn). A `GLIBC_TUNABLES` the user set is left alone: no restart, `mallopt` only.
+  them restarts itself in turn; worker processes started inside `tunables_for_children()` keep them). A
+  `GLIBC_TUNABLES` the user set is left alone: no restart, `mallopt` only.
 - `retain_freed_memory()`, anywhere else (a test session, a module imported by an entry point): `mallopt` in the
   running process. It takes an int, so blocks over 2 GiB are still mapped afresh on every call. An arena limit set
   with `mallopt` only binds threads that have not allocated yet, so call it before importing JAX or torch.
@@ -30,11 +31,13 @@ Two ways to apply them, because glibc reads its tunables only when a process sta
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import glob
 import os
 import sys
+from typing import Iterator
 
 # glibc's mallopt parameter numbers (malloc.h).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
@@ -91,6 +94,24 @@ def retain_freed_memory(*, restart: bool = False) -> bool:
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
     settings = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, _LARGEST_INT), (M_TRIM_THRESHOLD, _LARGEST_INT))
     return all(libc.mallopt(option, value) == 1 for option, value in settings)
+
+
+@contextlib.contextmanager
+def tunables_for_children() -> Iterator[None]:
+    """While open, the Python processes this one starts (multiprocessing's `spawn` children among them) start with
+    the tunables this process restarted with, and keep them: their `retain_freed_memory` recognises and clears the
+    variables, as a restarted entry point does. A benchmark's engine processes then reuse blocks over 2 GiB as their
+    parent does. Does nothing where this process did not start with the tunables."""
+    if not _started_with_tunables:
+        yield
+        return
+    added = {"GLIBC_TUNABLES": TUNABLES, RESTARTED_VARIABLE: TUNABLES}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def _glibc() -> ctypes.CDLL | None:

@@ -18,11 +18,14 @@ In a multi-process run (`launch/distributed.py`: one process per host), the suit
 over a mesh of every process's devices, each device taking the single-device figure's rows (the global batch and
 micro-batch grow with the device count); process 0 prints the report.
 
-The torch step runs in a process of its own, driven step by step from this one so the engines still alternate, and
-every engine takes `WARMUP_UPDATES` untimed updates. The one-micro-batch update faults its buffer in afresh on each
-of its first two calls; with one warm-up, and beside torch in one glibc heap, some runs kept faulting and the headline
-figure was bimodal (docs/decisions/011-how-the-learner-benchmark-measures.md; the current figures: BUILD_NOTES.md,
-Current results).
+Every engine runs in a process of its own (`time_engines`), driven update by update from this one so the engines
+alternate: a Flax learner sharing its process with the other two Flax engines ran 1-2% slower than alone, while torch
+was alone in its process (docs/log/2026-11-27-learner-engines-in-their-own-processes.md). Each takes `WARMUP_UPDATES`
+untimed updates. The one-micro-batch update faults its buffer in afresh on each of its first two calls; with one
+warm-up, and beside torch in one glibc heap, some runs kept faulting and the headline figure was bimodal
+(docs/decisions/011-how-the-learner-benchmark-measures.md; the current figures: BUILD_NOTES.md, Current results).
+Every engine reports its first update's gradient norm, and the report says how far they are apart: the engines time
+the same computation.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import json
 import multiprocessing
 import statistics
 import time
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +46,7 @@ from flax import nnx
 
 from jax.sharding import Mesh
 
+from launch import host_memory
 from launch.benchmark_suites import profile
 from launch.benchmark_suites.common import Report, timed
 from models import hf_io, mkl_matmul, zoo
@@ -131,7 +136,8 @@ def _update_flops(config: dict, tokens: int, length: int, head_tokens: int) -> f
     return 6 * layers * per_layer * tokens + 6 * hidden * vocab * head_tokens + attention
 
 
-def _torch_step(model, optimizer, tokens, attention_mask, loss_mask, advantages):
+def _torch_step(model, optimizer, tokens, attention_mask, loss_mask, advantages) -> float:
+    """One update; returns the gradient's global norm before clipping."""
     optimizer.zero_grad(set_to_none=True)
     # Like the learner, vocabulary logits only where a loss can be: the positions predicting completion tokens.
     outputs = model(input_ids=tokens, attention_mask=attention_mask, logits_to_keep=COMPLETION + 1)
@@ -146,27 +152,96 @@ def _torch_step(model, optimizer, tokens, attention_mask, loss_mask, advantages)
     mask = loss_mask[:, -COMPLETION:]
     loss = ((per_token * mask).sum(1) / mask.sum(1)).mean()
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
     optimizer.step()
-    return loss.item(), (entropy * mask).sum().item()
+    (entropy * mask).sum().item()  # the logged metric, brought to the host as the learner's is
+    return grad_norm.item()
 
 
-def _torch_engine(connection, model_dir, tokens, attention_mask, loss_mask, advantages) -> None:
-    """Child process: builds the torch model and AdamW, takes `WARMUP_UPDATES` untimed steps, then times one step
-    per request (None ends it) and sends the wall seconds back."""
-    torch_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
-    optimizer = torch.optim.AdamW(torch_model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+def _torch_update(model_dir, shape: dict) -> Callable[[], float]:
+    batch, advantages = _random_batch(**shape, shared_prompts=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     inputs = (
-        torch.as_tensor(tokens, dtype=torch.long),
-        torch.as_tensor(attention_mask, dtype=torch.long),
-        torch.as_tensor(loss_mask, dtype=torch.float32),
+        torch.as_tensor(np.asarray(batch.tokens), dtype=torch.long),
+        torch.as_tensor(np.asarray(batch.attention_mask), dtype=torch.long),
+        torch.as_tensor(np.asarray(batch.loss_mask), dtype=torch.float32),
         torch.as_tensor(advantages),
     )
-    for _ in range(WARMUP_UPDATES):
-        _torch_step(torch_model, optimizer, *inputs)
-    connection.send(torch.get_num_threads())
+    return lambda: _torch_step(model, optimizer, *inputs)
+
+
+def _flax_update(model_dir, shape: dict, *, micro_batch_size: int | None = None,
+                 shared_prompts: bool = False) -> Callable[[], float]:
+    batch, _ = _random_batch(**shape, shared_prompts=shared_prompts)
+    if shared_prompts:
+        assert batch.prompt_block_size(shape["batch"]) == shape["batch"] // shape["groups"]
+    learner = Learner(hf_io.load(model_dir), _learner_config(micro_batch_size=micro_batch_size))
+    return lambda: learner.update(batch)["grad_norm"]
+
+
+# Each engine of the CPU comparison: the same update on the same weights and rows, each returning its gradient norm.
+ENGINES = {
+    "flax": _flax_update,
+    "flax_micro_batches": functools.partial(_flax_update, micro_batch_size=MICRO_BATCH),
+    "flax_shared_prompts": functools.partial(_flax_update, shared_prompts=True),
+    "torch": _torch_update,
+}
+
+
+def _engine_process(connection, engine: str, model_dir, shape: dict) -> None:
+    """Child process: builds one engine, takes `WARMUP_UPDATES` untimed updates, sends what the first one took (wall
+    seconds, compile included; gradient norm) and torch's thread count, then times one update per request (None ends
+    it) and sends the wall seconds back."""
+    update = ENGINES[engine](model_dir, shape)
+    start = time.perf_counter()
+    first_grad_norm = update()
+    first_update_s = time.perf_counter() - start
+    for _ in range(WARMUP_UPDATES - 1):
+        update()
+    connection.send({"first_update_s": first_update_s, "first_grad_norm": first_grad_norm,
+                     "torch_threads": torch.get_num_threads()})
     while connection.recv() is not None:
-        connection.send(timed(lambda: _torch_step(torch_model, optimizer, *inputs), repeats=1, warmup=0)[0])
+        connection.send(timed(update, repeats=1, warmup=0)[0])
+
+
+def time_engines(engines: Sequence[str], model_dir, shape: dict, repeats: int = REPEATS) -> dict[str, dict]:
+    """Each engine in a process of its own, all started at once (spawned, with this process's malloc tunables:
+    `launch.host_memory`), then `repeats` rounds in which each times one update in turn, so that the engines see
+    the same background load on a shared machine and none shares its heap or caches with another. Returns per
+    engine its timed seconds and what its first update took."""
+    spawn = multiprocessing.get_context("spawn")
+    processes, connections = {}, {}
+    with host_memory.tunables_for_children():
+        for engine in engines:
+            connections[engine], child_connection = spawn.Pipe()
+            processes[engine] = spawn.Process(target=_engine_process, args=(child_connection, engine, model_dir, shape))
+            processes[engine].start()
+            child_connection.close()  # the child's end lives on in the child only: its exit ends the pipe here
+
+    def receive(engine: str):
+        try:
+            return connections[engine].recv()
+        except EOFError:
+            processes[engine].join(timeout=60)
+            raise RuntimeError(f"the {engine!r} engine's process ended (exit code {processes[engine].exitcode}); its "
+                               "error is printed above") from None
+
+    try:
+        results = {engine: receive(engine) | {"seconds": []} for engine in engines}
+        for _ in range(repeats):
+            for engine in engines:
+                connections[engine].send(True)
+                results[engine]["seconds"].append(receive(engine))
+        for engine in engines:
+            connections[engine].send(None)
+    finally:
+        for engine in engines:
+            connections[engine].close()  # an engine left waiting for a request sees the end of the pipe and exits
+            processes[engine].join(timeout=60)
+            if processes[engine].is_alive():
+                processes[engine].kill()
+    return results
 
 
 def run() -> Report:
@@ -250,48 +325,21 @@ def accelerator_update(
 def cpu_comparison() -> Report:
     model_dir = zoo.smollm2_135m_instruct()
     shape = dict(batch=BATCH, prompt=PROMPT, completion=COMPLETION, vocab=49152, groups=GROUPS)
-    batch, advantages = _random_batch(**shape, shared_prompts=False)
-    grouped_batch, _ = _random_batch(**shape, shared_prompts=True)
-    assert grouped_batch.prompt_block_size(BATCH) == BATCH // GROUPS
     n_tokens = BATCH * (PROMPT + COMPLETION)
-
-    learner_config = _learner_config()
-    learner = Learner(hf_io.load(model_dir), learner_config)
-    micro_learner = Learner(hf_io.load(model_dir), _learner_config(micro_batch_size=MICRO_BATCH))
-    grouped_learner = Learner(hf_io.load(model_dir), learner_config)
-    compile_start = time.perf_counter()
-    learner.update(batch)
-    flax_compile_s = time.perf_counter() - compile_start
-    for warmup in range(WARMUP_UPDATES):
-        if warmup:
-            learner.update(batch)
-        micro_learner.update(batch)
-        grouped_learner.update(grouped_batch)
-
-    spawn = multiprocessing.get_context("spawn")
-    connection, child_connection = spawn.Pipe()
-    torch_process = spawn.Process(
-        target=_torch_engine,
-        args=(child_connection, model_dir, np.asarray(batch.tokens), np.asarray(batch.attention_mask),
-              np.asarray(batch.loss_mask), advantages),
-    )  # fmt: skip
-    torch_process.start()
-    try:
-        torch_threads = connection.recv()
-        # Alternate the engines so both see the same background load on a shared machine.
-        flax_seconds, micro_seconds, grouped_seconds, torch_seconds = [], [], [], []
-        for _ in range(REPEATS):
-            flax_seconds += timed(lambda: learner.update(batch), repeats=1, warmup=0)
-            micro_seconds += timed(lambda: micro_learner.update(batch), repeats=1, warmup=0)
-            grouped_seconds += timed(lambda: grouped_learner.update(grouped_batch), repeats=1, warmup=0)
-            connection.send(True)
-            torch_seconds.append(connection.recv())
-        connection.send(None)
-    finally:
-        connection.close()  # an engine left waiting for a request sees the end of the pipe and exits
-        torch_process.join(timeout=60)
-        if torch_process.is_alive():
-            torch_process.kill()
+    # One round per Flax engine, each beside torch (a ratio is taken within its round), so that no more than two
+    # engines hold memory at once: an engine process keeps its peak heap (`launch.host_memory`).
+    rounds = {engine: time_engines((engine, "torch"), model_dir, shape)
+              for engine in ("flax", "flax_micro_batches", "flax_shared_prompts")}  # fmt: skip
+    flax_seconds, torch_seconds = rounds["flax"]["flax"]["seconds"], rounds["flax"]["torch"]["seconds"]
+    micro_seconds = rounds["flax_micro_batches"]["flax_micro_batches"]["seconds"]
+    grouped_seconds = rounds["flax_shared_prompts"]["flax_shared_prompts"]["seconds"]
+    micro_torch_s = statistics.median(rounds["flax_micro_batches"]["torch"]["seconds"])
+    grouped_torch_s = statistics.median(rounds["flax_shared_prompts"]["torch"]["seconds"])
+    # The same weights and rows give the same first gradient: a check that the engines time the same computation
+    # (the shared-prompt batch has other prompts, so its gradient differs).
+    grad_norms = {engine: rounds[engine][engine]["first_grad_norm"] for engine in ("flax", "flax_micro_batches")}
+    grad_norms["torch"] = rounds["flax"]["torch"]["first_grad_norm"]
+    grad_norm_spread = (max(grad_norms.values()) - min(grad_norms.values())) / grad_norms["torch"]
     peak = _matmul_flops_per_s()
 
     config = json.loads((model_dir / "config.json").read_text())
@@ -322,24 +370,30 @@ def cpu_comparison() -> Report:
             "torch_tokens_per_s": round(torch_tps, 1),
             "flax_over_torch": round(ratio, 3),
             "flax_matmul_implementation": mkl_matmul.resolve("auto", jnp.float32),
-            "flax_micro_batches_over_torch": round(torch_s / micro_s, 3),
-            "flax_shared_prompts_over_torch": round(torch_s / grouped_s, 3),
+            "flax_micro_batches_over_torch": round(micro_torch_s / micro_s, 3),
+            "flax_shared_prompts_over_torch": round(grouped_torch_s / grouped_s, 3),
             "goal_flax_over_torch": GOAL_RATIO,
             "goal_met": ratio >= GOAL_RATIO,
             "flax_mfu": round(flax_mfu, 4),
             "torch_mfu": round(torch_mfu, 4),
             "update_tflops": float(f"{flops / 1e12:.6g}"),
             "fp32_matmul_gflops_per_s": round(peak / 1e9, 1),
-            "flax_compile_and_first_update_s": round(flax_compile_s, 1),
-            "torch_threads": torch_threads,
+            "flax_compile_and_first_update_s": round(rounds["flax"]["flax"]["first_update_s"], 1),
+            "torch_threads": rounds["flax"]["torch"]["torch_threads"],
+            "first_update_grad_norms": {engine: round(norm, 6) for engine, norm in grad_norms.items()},
+            "first_update_grad_norm_relative_spread": float(f"{grad_norm_spread:.3g}"),
         },
         notes=[
             f"{BATCH} x ({PROMPT} prompt + {COMPLETION} completion) tokens, fp32, median of {REPEATS} interleaved "
-            f"updates after {WARMUP_UPDATES} untimed ones each, torch in its own process; flax/torch = {ratio:.3f} "
-            f"(goal >= {GOAL_RATIO}); MFU against the {MATMUL_SIZE}^3 fp32 matmul rate measured in this run "
-            f"({peak / 1e9:.1f} GFLOP/s)",
-            f"the same update in micro-batches of {MICRO_BATCH}: flax/torch = {torch_s / micro_s:.3f}",
+            f"updates after {WARMUP_UPDATES} untimed ones each, every engine in its own process; flax/torch = "
+            f"{ratio:.3f} (goal >= {GOAL_RATIO}); MFU against the {MATMUL_SIZE}^3 fp32 matmul rate measured in this "
+            f"run ({peak / 1e9:.1f} GFLOP/s)",
+            f"the same update in micro-batches of {MICRO_BATCH}, in its own round beside torch: flax/torch = "
+            f"{micro_torch_s / micro_s:.3f}",
             f"with each group's prompt encoded once ({GROUPS} groups of {BATCH // GROUPS}, same update, less work "
-            f"than torch does): flax/torch = {torch_s / grouped_s:.3f}; no MFU, the model FLOPs differ",
+            f"than torch does), in its own round beside torch: flax/torch = {grouped_torch_s / grouped_s:.3f}; no "
+            f"MFU, the model FLOPs differ",
+            f"first-update gradient norms of flax, its micro-batches and torch agree to {grad_norm_spread:.1e} "
+            f"(relative)",
         ],
     )

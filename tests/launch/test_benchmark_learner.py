@@ -13,6 +13,7 @@ from models import zoo
 from models.config import ModelConfig
 from models.sharding import make_mesh
 from models.transformer import Transformer
+from tests import tiny_models
 
 SMALL = learner_suite.QWEN25_1_5B | {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
                                      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -81,3 +82,26 @@ def test_the_bf16_update_figure_over_a_mesh_counts_every_device():
     assert (report.figures["devices"], report.figures["processes"]) == (4, 1)
     assert tokens_per_s == 8 * 32 / median_s
     assert 0 < mfu < 1
+
+
+def test_the_cpu_engines_run_in_their_own_processes_and_compute_the_same_first_gradient(tmp_path):
+    # The comparison's engines on a tiny llama: each process builds its engine from the same checkpoint and rows, so
+    # the first updates' gradient norms agree to float32 rounding; the shared-prompt batch has other rows.
+    model_dir = tiny_models.tiny_hf_model_dir(tmp_path, "llama")
+    shape = dict(batch=4, prompt=8, completion=learner_suite.COMPLETION, vocab=256, groups=2)
+    results = learner_suite.time_engines(("flax", "flax_micro_batches", "flax_shared_prompts", "torch"), model_dir,
+                                         shape, repeats=2)  # fmt: skip
+
+    for result in results.values():
+        assert len(result["seconds"]) == 2 and all(seconds > 0 for seconds in result["seconds"])
+        assert result["first_update_s"] > 0
+    norms = {engine: result["first_grad_norm"] for engine, result in results.items()}
+    assert norms["torch"] > 0
+    assert norms["flax"] == pytest.approx(norms["torch"], rel=1e-4)
+    assert norms["flax_micro_batches"] == pytest.approx(norms["torch"], rel=1e-4)
+    assert abs(norms["flax_shared_prompts"] - norms["torch"]) > 1e-3 * norms["torch"]
+
+
+def test_an_engine_that_fails_in_its_process_ends_the_suite_instead_of_hanging_it(tmp_path):
+    with pytest.raises(RuntimeError, match=r"'no such engine' engine's process ended \(exit code 1\)"):
+        learner_suite.time_engines(("no such engine",), tmp_path, {}, repeats=1)

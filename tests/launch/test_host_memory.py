@@ -92,6 +92,33 @@ def test_a_users_own_glibc_tunables_are_kept_and_the_opt_out_never_restarts():
     assert opted_out["faults"] > _pages(LARGE_BLOCK) // 600
 
 
+# A restarted entry point starts the block-reusing program above once inside `tunables_for_children()` and once after.
+_PARENT_OF_TWO_CHILDREN = """
+import json, subprocess, sys
+from launch import host_memory
+host_memory.retain_freed_memory(restart=True)
+def child():
+    command = [sys.executable, "-c", sys.argv[1], "in-process", sys.argv[2]]
+    return json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+with host_memory.tunables_for_children():
+    inside = child()
+print(json.dumps({"inside": inside, "after": child()}))
+"""
+
+
+@glibc_only
+def test_a_child_started_inside_tunables_for_children_reuses_blocks_over_2_gib_as_its_parent_does():
+    env = {name: value for name, value in os.environ.items()
+           if name not in (host_memory.SETTING_VARIABLE, host_memory.RESTARTED_VARIABLE, "GLIBC_TUNABLES")}
+    result = subprocess.run([sys.executable, "-c", _PARENT_OF_TWO_CHILDREN, _FAULTS_OF_A_REUSED_BLOCK, str(LARGE_BLOCK)],
+                            env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    children = json.loads(result.stdout)
+    inside, after = children["inside"], children["after"]
+    assert inside["applied"] is True and inside["faults"] < _pages(LARGE_BLOCK) // 100
+    assert inside["tunables"] is None and inside["restarted"] is None  # taken up and cleared, as a restart does
+    assert after["applied"] is True and after["faults"] > _pages(LARGE_BLOCK) // 600  # mallopt only
+
+
 def test_the_opt_out_variable_leaves_malloc_alone(monkeypatch):
     monkeypatch.setenv(host_memory.SETTING_VARIABLE, "0")
     assert host_memory.retain_freed_memory() is False
