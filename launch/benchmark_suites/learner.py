@@ -180,7 +180,8 @@ def _flax_update(model_dir, shape: dict, *, micro_batch_size: int | None = None,
     return lambda: learner.update(batch)["grad_norm"]
 
 
-# Each engine of the CPU comparison: the same update on the same weights and rows, each returning its gradient norm.
+# Each engine of the CPU comparison, built from a checkpoint and a batch shape; its update returns the gradient norm.
+# All start from the same weights and rows, except that the shared-prompt engine's groups carry their first prompt.
 ENGINES = {
     "flax": _flax_update,
     "flax_micro_batches": functools.partial(_flax_update, micro_batch_size=MICRO_BATCH),
