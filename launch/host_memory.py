@@ -51,6 +51,9 @@ SETTING_VARIABLE = "RETAIN_HOST_MEMORY"
 # NVIDIA GPUs, TPUs (v4 through the accel driver, v5 and later through VFIO) and AMD GPUs (ROCm's kernel driver).
 ACCELERATOR_DEVICE_PATTERNS = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/vfio/[0-9]*", "/dev/kfd")
 RESTARTED_VARIABLE = "CONDUCTOR_RL_RESTARTED_WITH_TUNABLES"
+# What a process started with the tunables finds in its environment (a restarted entry point, or a child started
+# inside `tunables_for_children`), and clears.
+_STARTED_WITH_TUNABLES = {"GLIBC_TUNABLES": TUNABLES, RESTARTED_VARIABLE: TUNABLES}
 
 _started_with_tunables = False
 
@@ -85,12 +88,13 @@ def retain_freed_memory(*, restart: bool = False) -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    if os.environ.get(RESTARTED_VARIABLE) == TUNABLES and os.environ.get("GLIBC_TUNABLES") == TUNABLES:
-        del os.environ[RESTARTED_VARIABLE], os.environ["GLIBC_TUNABLES"]
+    if all(os.environ.get(name) == value for name, value in _STARTED_WITH_TUNABLES.items()):
+        for name in _STARTED_WITH_TUNABLES:
+            del os.environ[name]
         _started_with_tunables = True
         return True
     if restart and "GLIBC_TUNABLES" not in os.environ:
-        environment = {**os.environ, "GLIBC_TUNABLES": TUNABLES, RESTARTED_VARIABLE: TUNABLES}
+        environment = {**os.environ, **_STARTED_WITH_TUNABLES}
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
     settings = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, _LARGEST_INT), (M_TRIM_THRESHOLD, _LARGEST_INT))
     return all(libc.mallopt(option, value) == 1 for option, value in settings)
@@ -105,12 +109,11 @@ def tunables_for_children() -> Iterator[None]:
     if not _started_with_tunables:
         yield
         return
-    added = {"GLIBC_TUNABLES": TUNABLES, RESTARTED_VARIABLE: TUNABLES}
-    os.environ.update(added)
+    os.environ.update(_STARTED_WITH_TUNABLES)
     try:
         yield
     finally:
-        for name in added:
+        for name in _STARTED_WITH_TUNABLES:
             os.environ.pop(name, None)
 
 

@@ -213,12 +213,6 @@ def time_engines(engines: Sequence[str], model_dir, shape: dict, repeats: int = 
     engine its timed seconds and what its first update took."""
     spawn = multiprocessing.get_context("spawn")
     processes, connections = {}, {}
-    with host_memory.tunables_for_children():
-        for engine in engines:
-            connections[engine], child_connection = spawn.Pipe()
-            processes[engine] = spawn.Process(target=_engine_process, args=(child_connection, engine, model_dir, shape))
-            processes[engine].start()
-            child_connection.close()  # the child's end lives on in the child only: its exit ends the pipe here
 
     def receive(engine: str):
         try:
@@ -229,6 +223,13 @@ def time_engines(engines: Sequence[str], model_dir, shape: dict, repeats: int = 
                                "error is printed above") from None
 
     try:
+        with host_memory.tunables_for_children():
+            for engine in engines:
+                connections[engine], child_connection = spawn.Pipe()
+                process = spawn.Process(target=_engine_process, args=(child_connection, engine, model_dir, shape))
+                process.start()
+                processes[engine] = process
+                child_connection.close()  # the child's end lives on in the child only: its exit ends the pipe here
         results = {engine: receive(engine) | {"seconds": []} for engine in engines}
         for _ in range(repeats):
             for engine in engines:
@@ -237,11 +238,11 @@ def time_engines(engines: Sequence[str], model_dir, shape: dict, repeats: int = 
         for engine in engines:
             connections[engine].send(None)
     finally:
-        for engine in engines:
+        for engine, process in processes.items():  # those started, should a later one fail to start
             connections[engine].close()  # an engine left waiting for a request sees the end of the pipe and exits
-            processes[engine].join(timeout=60)
-            if processes[engine].is_alive():
-                processes[engine].kill()
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
     return results
 
 

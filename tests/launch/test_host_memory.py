@@ -40,10 +40,14 @@ LARGE_BLOCK = (2 << 30) + (256 << 20)  # over the 2 GiB that mallopt can keep
 glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
 
 
+def _environment_without_settings() -> dict[str, str]:
+    """This environment without the variables `launch.host_memory` reads, as a user's shell would start a program."""
+    settings = (host_memory.SETTING_VARIABLE, host_memory.RESTARTED_VARIABLE, "GLIBC_TUNABLES")
+    return {name: value for name, value in os.environ.items() if name not in settings}
+
+
 def _reused_block(size: int, *, restart: bool = False, opt_out: bool = False, tunables: str | None = None) -> dict:
-    env = dict(os.environ)
-    for name in (host_memory.SETTING_VARIABLE, host_memory.RESTARTED_VARIABLE, "GLIBC_TUNABLES"):
-        env.pop(name, None)
+    env = _environment_without_settings()
     if opt_out:
         env[host_memory.SETTING_VARIABLE] = "0"
     if tunables is not None:
@@ -108,10 +112,8 @@ print(json.dumps({"inside": inside, "after": child()}))
 
 @glibc_only
 def test_a_child_started_inside_tunables_for_children_reuses_blocks_over_2_gib_as_its_parent_does():
-    env = {name: value for name, value in os.environ.items()
-           if name not in (host_memory.SETTING_VARIABLE, host_memory.RESTARTED_VARIABLE, "GLIBC_TUNABLES")}
     result = subprocess.run([sys.executable, "-c", _PARENT_OF_TWO_CHILDREN, _FAULTS_OF_A_REUSED_BLOCK, str(LARGE_BLOCK)],
-                            env=env, capture_output=True, text=True, check=True)  # fmt: skip
+                            env=_environment_without_settings(), capture_output=True, text=True, check=True)  # fmt: skip
     children = json.loads(result.stdout)
     inside, after = children["inside"], children["after"]
     assert inside["applied"] is True and inside["faults"] < _pages(LARGE_BLOCK) // 100
