@@ -19,8 +19,8 @@ over a mesh of every process's devices, each device taking the single-device fig
 micro-batch grow with the device count); process 0 prints the report.
 
 Every engine runs in a process of its own (`time_engines`), driven update by update from this one so the engines
-alternate: a Flax learner sharing its process with the other two Flax engines ran 1-2% slower than alone, while torch
-was alone in its process (docs/log/2026-11-27-learner-engines-in-their-own-processes.md). Each takes `WARMUP_UPDATES`
+alternate, and none shares its heap or caches with another (until 2026-11-27 the Flax engines shared this process
+while torch had its own: docs/log/2026-11-27-learner-engines-in-their-own-processes.md). Each takes `WARMUP_UPDATES`
 untimed updates. The one-micro-batch update faults its buffer in afresh on each of its first two calls; with one
 warm-up, and beside torch in one glibc heap, some runs kept faulting and the headline figure was bimodal
 (docs/decisions/011-how-the-learner-benchmark-measures.md; the current figures: BUILD_NOTES.md, Current results).
