@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 FAMILIES = ("llama", "qwen2", "qwen3")
-ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "cudnn", "mkl")
 MATMUL_IMPLEMENTATIONS = ("auto", "xla", "mkl")
 
 _SUPPORTED_ROPE_TYPES = (None, "default")
@@ -37,9 +37,10 @@ class ModelConfig:
     queries and keys before RoPE (Qwen3). `param_dtype` is the storage dtype of the weights, `dtype` the dtype
     matmuls run in; norms, RoPE and softmax always run in float32. `remat` rematerialises each layer in the
     backward pass, trading compute for activation memory. `attention_implementation` is "einsum" (scores as
-    explicit matmuls and a float32 softmax; every backend), "cudnn" (cuDNN's fused attention, NVIDIA GPUs only) or
-    "auto" (cuDNN where it applies: a CUDA backend, a 16-bit compute dtype and a head_dim cuDNN takes; else einsum).
-    Calls with a prefix cache always take the einsum path. `matmul_implementation` picks the kernel of the
+    explicit matmuls and a float32 softmax; every backend), "cudnn" (cuDNN's fused attention, NVIDIA GPUs only; calls
+    with a prefix cache take the einsum path), "mkl" (one MKL custom call per layer and direction, float32 on the CPU
+    backend; `models.mkl_attention`) or "auto" (cuDNN where it applies: a CUDA backend, a 16-bit compute dtype and a
+    head_dim cuDNN takes; MKL where the matmuls are on MKL; else einsum). `matmul_implementation` picks the kernel of the
     projections and the output head: "xla" (XLA's dot on every backend), "mkl" (MKL's sgemm through a custom call,
     float32 on the CPU backend; `models.mkl_matmul`) or "auto" (MKL where it was measured faster: a float32 model on
     one Intel CPU device; else XLA).

@@ -25,7 +25,7 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,9 +35,33 @@ from models import zoo
 from models.config import MATMUL_IMPLEMENTATIONS
 
 _FFI_TARGET = "conductor_mkl_matmul"
-_SOURCE = pathlib.Path(__file__).with_name("csrc") / "mkl_matmul.cc"
-# MKL's ILP64 Fortran GEMMs (64-bit integers), which x86-64 torch CPU builds export from libtorch_cpu.
-_KERNEL_SYMBOLS = ("sgemm_64_", "sgemm_batch_64_")
+ATTENTION_FORWARD_TARGET = "conductor_mkl_attention_forward"
+ATTENTION_BACKWARD_TARGET = "conductor_mkl_attention_backward"
+
+
+class _Library(NamedTuple):
+    """One handler library: its source, extra compiler flags, the function that takes MKL's entry points (named
+    by their libtorch_cpu symbols, in its argument order) and the FFI targets it defines, by handler symbol."""
+
+    source: str
+    flags: tuple[str, ...]
+    setter: str
+    mkl_symbols: tuple[str, ...]
+    targets: dict[str, str]
+
+
+# MKL's ILP64 entry points (64-bit integers), which x86-64 torch CPU builds export from libtorch_cpu.
+_LIBRARIES = (
+    _Library("mkl_matmul.cc", (), "mkl_matmul_set_kernels", ("sgemm_64_", "sgemm_batch_64_"),
+             {_FFI_TARGET: "MklMatmul"}),
+    # OpenMP: the attention handlers spread their items over threads. libgomp is the runtime torch's MKL uses, and
+    # the loader binds this library to the copy torch loaded (same soname), so there is one thread runtime. The
+    # softmax loops are vectorised for this CPU, which is why a build is cached per CPU; without
+    # -fno-trapping-math GCC keeps their masked selects scalar (no trap is ever enabled in this process).
+    _Library("mkl_attention.cc", ("-fopenmp", "-march=native", "-fno-trapping-math"), "mkl_attention_set_kernels",
+             ("sgemm_64_", "MKL_Set_Num_Threads_Local"),
+             {ATTENTION_FORWARD_TARGET: "MklAttentionForward", ATTENTION_BACKWARD_TARGET: "MklAttentionBackward"}),
+)
 
 
 @functools.cache
@@ -64,27 +88,31 @@ def _compiler() -> str | None:
     return None
 
 
-def _build_kernel() -> pathlib.Path:
-    """The compiled handler, built once per source and jaxlib version; concurrent builders each write a private
-    file and rename it into place, so a reader never sees a half-written library."""
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + jaxlib.__version__.encode()).hexdigest()[:16]
-    library = zoo.cache_root() / "kernels" / f"mkl_matmul-{key}.so"
-    if library.exists():
-        return library
+def _build_kernel(library: _Library) -> pathlib.Path:
+    """The compiled handler library, built once per source, flags, jaxlib version and CPU (a cache on a shared home
+    directory may serve several kinds of host); concurrent builders each write a private file and rename it into
+    place, so a reader never sees a half-written library."""
+    source_path = pathlib.Path(__file__).with_name("csrc") / library.source
+    flags = library.flags
+    cpu = cpuinfo_fields().get("model name", "") + cpuinfo_fields().get("flags", "")
+    key = hashlib.sha256(b"\0".join([source_path.read_bytes(), " ".join(flags).encode(), jaxlib.__version__.encode(),
+                                      cpu.encode()])).hexdigest()[:16]
+    built = zoo.cache_root() / "kernels" / f"{source_path.stem}-{key}.so"
+    if built.exists():
+        return built
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++, c++ or clang++ on PATH, or $CXX) to build the kernel with")
-    library.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as staging:
-        staged = pathlib.Path(staging) / library.name
-        command = [compiler, "-O2", "-shared", "-fPIC", "-std=c++17", "-isystem", jax.ffi.include_dir(),
-                   str(_SOURCE), "-o", str(staged)]
+    built.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=built.parent, prefix=".build-") as staging:
+        staged = pathlib.Path(staging) / built.name
+        command = [compiler, "-O2", "-shared", "-fPIC", "-std=c++17", *flags, "-isystem", jax.ffi.include_dir(),
+                   str(source_path), "-o", str(staged)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode:
             raise RuntimeError(f"building the kernel failed ({' '.join(command)}):\n{result.stderr[-2000:]}")
-        os.replace(staged, library)
-    return library
+        os.replace(staged, built)
+    return built
 
 
 def _torch_cpu_library() -> pathlib.Path:
@@ -99,17 +127,21 @@ def _torch_cpu_library() -> pathlib.Path:
 
 @functools.cache
 def _register() -> str | None:
-    """Builds, loads and registers the kernel once per process; returns why it failed, or None."""
+    """Builds, loads and registers the kernels (matmul and attention) once per process; returns why it failed, or
+    None. torch's library is loaded first, so the handler libraries find its OpenMP runtime already loaded."""
     try:
-        blas = ctypes.CDLL(str(_torch_cpu_library()))
-        missing = [symbol for symbol in _KERNEL_SYMBOLS if not hasattr(blas, symbol)]
+        mkl = ctypes.CDLL(str(_torch_cpu_library()))
+        missing = [symbol for library in _LIBRARIES for symbol in library.mkl_symbols if not hasattr(mkl, symbol)]
         if missing:
-            return f"torch's libtorch_cpu exports no {', '.join(missing)}: this torch build has no MKL"
-        kernel = ctypes.CDLL(str(_build_kernel()))
+            return f"torch's libtorch_cpu exports no {', '.join(sorted(set(missing)))}: this torch build has no MKL"
+        handlers = [ctypes.CDLL(str(_build_kernel(library))) for library in _LIBRARIES]
     except (OSError, RuntimeError) as error:
         return str(error)
-    kernel.mkl_matmul_set_kernels(*(ctypes.cast(getattr(blas, symbol), ctypes.c_void_p) for symbol in _KERNEL_SYMBOLS))
-    jax.ffi.register_ffi_target(_FFI_TARGET, jax.ffi.pycapsule(kernel.MklMatmul), platform="cpu")
+    for library, handler in zip(_LIBRARIES, handlers):
+        entry_points = (ctypes.cast(getattr(mkl, symbol), ctypes.c_void_p) for symbol in library.mkl_symbols)
+        getattr(handler, library.setter)(*entry_points)
+        for target, symbol in library.targets.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(handler, symbol)), platform="cpu")
     return None
 
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import mkl_matmul
+from models import mkl_attention, mkl_matmul
 from models.config import ModelConfig
 
 # HF initialises every matrix with N(0, initializer_range=0.02); random models here start from the same scale.
@@ -101,6 +101,13 @@ def uses_fused_attention(config: ModelConfig) -> bool:
     )
 
 
+def uses_mkl_attention(config: ModelConfig) -> bool:
+    """Whether attention takes `models.mkl_attention` (see `ModelConfig`); "mkl" fails where the kernel cannot run."""
+    if config.attention_implementation == "mkl":
+        return mkl_matmul.resolve("mkl", config.dtype) == "mkl"
+    return config.attention_implementation == "auto" and _on_mkl(config)
+
+
 # Attention's two products per [batch, kv-head] entry: queries against keys, then weights against values.
 _SCORES, _VALUES = "bkqd,bksd->bkqs", "bkqs,bksd->bkqd"
 
@@ -131,8 +138,8 @@ class Attention(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.on_mkl = _on_mkl(config)
-        dims = dict(**_linear_options(config, self.on_mkl), rngs=rngs)
+        self.on_mkl_attention = uses_mkl_attention(config)
+        dims = dict(**_linear_options(config, _on_mkl(config)), rngs=rngs)
         q_width = config.num_heads * config.head_dim
         kv_width = config.num_kv_heads * config.head_dim
         self.q_proj = nnx.Linear(config.hidden_size, q_width, use_bias=config.attention_bias, **dims)
@@ -164,17 +171,28 @@ class Attention(nnx.Module):
 
         if prefix is None and uses_fused_attention(config):
             out = fused_attention(q, k, v, mask, implementation="cudnn")
-            return self.o_proj(out.reshape(batch * length, config.num_heads * config.head_dim)), own_kv
+        elif self.on_mkl_attention:
+            # The mask's last query reads every real key, so its row is the key mask; causality is the kernel's.
+            out = mkl_attention.attention(q, k, v, mask[:, 0, 0, -1, :], config.head_dim**-0.5)
+        else:
+            out = self._attend_in_causal_blocks(q, k, v, mask)
+        return self.o_proj(out.reshape(batch * length, config.num_heads * config.head_dim)), own_kv
 
-        # Causal blocks: the queries in [start, end) read no key after the prefix and their own columns up to end, so
-        # each block's scores stop there and the blocks above the diagonal are never computed (with 4 blocks, 3/8 of
-        # the scores, softmax and value products, forward and backward). Each block is sliced before its transposes,
-        # which then copy contiguous rows.
+    def _attend_in_causal_blocks(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        """Attention as XLA ops: `q [B, T, heads, D]` against `k`, `v [B, S, kv_heads, D]` (a prefix, then the
+        queries' own columns) under `mask [B, 1, 1, T, S]`; returns `[B, T, heads * D]`.
+
+        Causal blocks: the queries in [start, end) read no key after the prefix and their own columns up to end, so
+        each block's scores stop there and the blocks above the diagonal are never computed (with 4 blocks, 3/8 of
+        the scores, softmax and value products, forward and backward). Each block is sliced before its transposes,
+        which then copy contiguous rows.
+        """
+        length = q.shape[1]
         prefix_length = k.shape[1] - length
         bounds = [length * i // _causal_blocks(length) for i in range(_causal_blocks(length) + 1)]
         # The queries are split, not sliced, so that their gradient is one concatenation rather than a sum of
         # zero-padded blocks.
-        out = jnp.concatenate(
+        return jnp.concatenate(
             [
                 self._attend(queries, k[:, : prefix_length + end], v[:, : prefix_length + end],
                              mask[..., start:end, : prefix_length + end])  # fmt: skip
@@ -182,7 +200,6 @@ class Attention(nnx.Module):
             ],
             axis=1,
         )
-        return self.o_proj(out.reshape(batch * length, config.num_heads * config.head_dim)), own_kv
 
     def _attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
         """`q [B, T, heads, D]` against `k`, `v [B, S, kv_heads, D]` under `mask [B, 1, 1, T, S]`; returns
@@ -196,7 +213,7 @@ class Attention(nnx.Module):
         q = q.reshape(batch, length, config.num_kv_heads, config.num_query_groups, config.head_dim)
         q = q.transpose(0, 2, 3, 1, 4).reshape(batch, config.num_kv_heads, -1, config.head_dim)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-        scores = self._per_head_product(_SCORES, q, k)
+        scores = jnp.einsum(_SCORES, q, k, preferred_element_type=jnp.float32)
         scores = scores.reshape(batch, config.num_kv_heads, config.num_query_groups, length, -1) * config.head_dim**-0.5
         # A finite fill keeps fully masked rows (left-padding queries) finite: they average the keys of their block,
         # never NaN; no real token reads them.
@@ -205,20 +222,11 @@ class Attention(nnx.Module):
         # than over the wider [T, S] weights. Subtracting the row maximum only keeps exp finite; it cancels in the
         # ratio, so it carries no gradient.
         weights = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
-        out = self._per_head_product(
-            _VALUES, weights.astype(config.dtype).reshape(batch, config.num_kv_heads, -1, weights.shape[-1]), v
-        )
+        weights_per_head = weights.astype(config.dtype).reshape(batch, config.num_kv_heads, -1, weights.shape[-1])
+        out = jnp.einsum(_VALUES, weights_per_head, v)
         out = out.reshape(batch, config.num_kv_heads, config.num_query_groups, length, config.head_dim)
         out = (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(config.dtype)
         return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, config.num_heads * config.head_dim)
-
-    def _per_head_product(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-        """`jnp.einsum(spec, a, b)` for attention's two products (scores in float32), one matrix product per [B, K]
-        entry: XLA's einsum, or on the MKL kernel as one batch, the keys transposed for the scores."""
-        if not self.on_mkl:
-            return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32 if spec == _SCORES else None)
-        stacked = mkl_matmul.matmul(a.reshape(-1, *a.shape[2:]), b.reshape(-1, *b.shape[2:]), False, spec == _SCORES)
-        return stacked.reshape(*a.shape[:2], *stacked.shape[1:])
 
 
 class MLP(nnx.Module):
