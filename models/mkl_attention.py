@@ -30,7 +30,7 @@ def _check(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array) -> Non
     if q.ndim != 4 or k.shape != v.shape or k.ndim != 4:
         raise ValueError(f"q must be [B, T, H, D] and k, v the same [B, S, KV, D], got {q.shape}, {k.shape}, {v.shape}")
     batch, length, heads, head_dim = q.shape
-    if k.shape[0] != batch or k.shape[3] != head_dim or heads % k.shape[2] or k.shape[1] < length:
+    if k.shape[0] != batch or k.shape[3] != head_dim or not k.shape[2] or heads % k.shape[2] or k.shape[1] < length:
         raise ValueError(f"k, v {k.shape} do not fit q {q.shape}: same batch and head size, a number of key/value "
                          "heads dividing the query heads, at least as many keys as queries")
     if key_mask.shape != k.shape[:2]:

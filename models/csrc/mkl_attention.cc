@@ -15,8 +15,6 @@
 // log-sum-exp of +inf and no gradient. The keys before a row's first real one (its left padding) are left out of
 // every product.
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -152,7 +150,7 @@ void BlockWeights(const Shape& shape, const float* queries, const float* keys_da
   for (int64_t i = 0; i < rows; ++i) {
     float* row = weights + i * columns;
     const int64_t readable = std::max<int64_t>(0, shape.prefix() + first + i + 1 - keys.first);
-    float row_shift = shift != nullptr ? shift[i] : RowMax(row, real, readable);
+    const float row_shift = shift != nullptr ? shift[i] : RowMax(row, real, readable);
     if (row_maxima != nullptr) row_maxima[i] = row_shift;
     if (row_shift == kNegativeInfinity || row_shift == kInfinity) {
       std::fill(row, row + columns, 0.0f);  // a query that reads no key

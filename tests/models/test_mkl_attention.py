@@ -113,6 +113,9 @@ def test_attention_refuses_inputs_it_cannot_take():
         mkl_attention.attention(q, kv, kv, mask.astype(np.int32), 1.0)
     with pytest.raises(ValueError, match="dividing the query heads"):
         mkl_attention.attention(q, np.zeros((1, 4, 3, 8), np.float32), np.zeros((1, 4, 3, 8), np.float32), mask, 1.0)
+    no_heads = np.zeros((1, 4, 0, 8), np.float32)
+    with pytest.raises(ValueError, match="dividing the query heads"):
+        mkl_attention.attention(q, no_heads, no_heads, mask, 1.0)
     with pytest.raises(ValueError, match="at least as many keys as queries"):
         mkl_attention.attention(q, kv[:, :3], kv[:, :3], mask[:, :3], 1.0)
     with pytest.raises(ValueError, match="key_mask must be"):
