@@ -10,7 +10,8 @@ docs/decisions/031-mkl-matmul-on-intel-cpus.md has the measurements and the choi
 - `matmul(a, b, transpose_a, transpose_b)`: op(a) @ op(b) for float32 matrices or batches of them, differentiable.
 - `dot_general`: a drop-in for `jax.lax.dot_general` (`nnx.Linear(dot_general=...)`) that takes the kernel for a
   float32 `[..., in] x [in, out]` product and XLA's dot for every other contraction.
-- `unavailable_reason()`: why the kernel cannot run in this process, or None.
+- `unavailable_reason()`: why the kernel cannot run in this process, or None. It covers the attention handlers of
+  `models.mkl_attention` too (`csrc/mkl_attention.cc`), which are built and registered here beside the matmul.
 - `resolve(implementation, dtype)`: "auto" -> "mkl" or "xla" (see `ModelConfig.matmul_implementation`).
 """
 
