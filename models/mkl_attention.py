@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 
 from models import mkl_matmul
 
