@@ -296,16 +296,22 @@ def compute(
     return np.asarray(estimator(rewards, group_ids, **options), dtype=np.float32)
 
 
-def balance_routes(advantages, routes: Sequence[Hashable | None]) -> np.ndarray:
-    """Each completion's advantage minus the mean advantage of its route over the batch.
+def balance_routes(advantages, routes: Sequence[Hashable | None], fraction: float = 1.0) -> np.ndarray:
+    """Each completion's advantage minus a fraction of the mean advantage of its route over the batch.
 
-    A'_i = A_i - mean_{j: route_j = route_i} A_j; a completion without a route (`None`: no valid workflow) keeps A_i.
+    A'_i = A_i - lambda * mean_{j: route_j = route_i} A_j with lambda = `fraction` in [0, 1]; a completion without a
+    route (`None`: no valid workflow) keeps A_i.
     Why: the policy's decision state has a part that every stratum (task domain) shares, and that part is pushed
     towards each route by the sum of the route's advantages over the whole batch, so a route that pays well in one
     stratum is pushed up in all of them. Balanced, that sum is zero for every route: a stratum learns only how much
     more or less a route pays there than across the batch. The price: a route that is best everywhere is not learned
     as such, and a batch of one stratum learns nothing; a probe of the spillover between strata, not a default.
+    A fraction between 0 and 1 trades the two: with strata whose decision states share a part rho of their direction,
+    the push a route gets in one stratum from the others' advantages and the bias lambda puts on its own contrasts
+    cancel at one lambda, which grows with rho (for F strata of equal similarity, lambda = F rho / (1 + (F - 1) rho)).
     """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"the balancing fraction must lie in [0, 1], got {fraction}")
     advantages = np.asarray(advantages, dtype=np.float32)
     if advantages.ndim != 1 or len(routes) != advantages.size:
         raise ValueError(f"{len(routes)} routes for advantages of shape {advantages.shape}")
@@ -315,7 +321,7 @@ def balance_routes(advantages, routes: Sequence[Hashable | None]) -> np.ndarray:
         if route is not None:
             rows_of[route].append(row)
     for rows in rows_of.values():
-        balanced[rows] -= advantages[rows].mean()
+        balanced[rows] -= fraction * advantages[rows].mean()
     return balanced
 
 

@@ -116,8 +116,8 @@ class LoopConfig:
     episode's first-round advantage (`rl.advantages.credit_lone_later_rounds`). With `stratify_questions`, each
     iteration's questions take the environment's `question_strata` labels (its task domains) in turn. Where the
     environment has those labels, each completion's (its question's) reaches the estimator as its stratum. With
-    `balance_routes`, each completion's advantage is taken relative to its route's (the workers its workflow called)
-    mean advantage over the batch (`rl.advantages.balance_routes`).
+    `balance_routes` lambda > 0, each completion's advantage loses lambda times its route's (the workers its workflow
+    called) mean advantage over the batch (`rl.advantages.balance_routes`; 1 takes it wholly relative to that mean).
     """
 
     iterations: int
@@ -126,7 +126,7 @@ class LoopConfig:
     estimator: str = "grpo"
     estimator_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dynamic_sampling: bool = False
-    balance_routes: bool = False
+    balance_routes: float = 0.0
     recursion_rounds: int = 0
     stratify_questions: bool = False
     checkpoint_every: int = 10
@@ -151,6 +151,8 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}")
         if self.recursion_rounds < 0:
             raise ValueError(f"LoopConfig.recursion_rounds must be >= 0, got {self.recursion_rounds}")
+        if not 0.0 <= self.balance_routes <= 1.0:
+            raise ValueError(f"LoopConfig.balance_routes is a fraction in [0, 1], got {self.balance_routes}")
 
     @property
     def max_rows(self) -> int:
@@ -341,7 +343,7 @@ class TrainingLoop:
         advantages = advantage_estimators.credit_lone_later_rounds(advantages, group_ids, episodes)
         if config.balance_routes:
             routes = [s.rollouts[i].workers or None for s, i in rows]
-            advantages = advantage_estimators.balance_routes(advantages, routes)
+            advantages = advantage_estimators.balance_routes(advantages, routes, config.balance_routes)
         keep, dropped_groups = np.ones(len(rows), dtype=bool), 0
         if config.dynamic_sampling:
             keep, dropped_groups = advantage_estimators.zero_variance_groups(rewards_array, group_ids)

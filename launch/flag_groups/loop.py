@@ -21,10 +21,12 @@ _FIELDS = {
     "group_size": flags.DEFINE_integer("group_size", 8, "Completions per question."),
     "estimator": flags.DEFINE_enum("estimator", "grpo", sorted(ESTIMATORS), "Advantage estimator."),
     "dynamic_sampling": flags.DEFINE_boolean("dynamic_sampling", False, "Drop groups whose rewards all agree."),
-    "balance_routes": flags.DEFINE_boolean(
-        "balance_routes", False,
-        "Take each completion's advantage relative to its route's mean advantage over the batch, so no route is "
-        "pushed up in every task domain by what it earns in one (a probe of the spillover between domains).",
+    "balance_routes": flags.DEFINE_float(
+        "balance_routes", 0.0,
+        "Subtract this fraction (0 to 1) of each completion's route's mean advantage over the batch from its "
+        "advantage; at 1 no route is pushed up in every task domain by what it earns in one (the spillover between "
+        "domains), in between the push is partly removed.",
+        lower_bound=0.0, upper_bound=1.0,
     ),
     "checkpoint_every": flags.DEFINE_integer("checkpoint_every", 10, "Iterations between checkpoints."),
 }

@@ -108,6 +108,18 @@ def test_balance_routes_removes_each_routes_batch_mean_and_leaves_rows_without_a
         advantages.balance_routes(values, routes[:5])
 
 
+def test_balance_routes_by_a_fraction_removes_that_fraction_of_each_routes_batch_mean():
+    values = np.asarray([1.0, -0.5, 2.0, 0.25, -1.0, 3.0], dtype=np.float32)
+    routes = [(0,), (1,), (0,), None, (1,), (0, 1)]
+    partly = advantages.balance_routes(values, routes, fraction=0.4)
+    expected = values - 0.4 * np.asarray([1.5, -0.75, 1.5, 0.0, -0.75, 3.0], dtype=np.float32)
+    np.testing.assert_allclose(partly, expected, rtol=1e-6)
+    np.testing.assert_array_equal(advantages.balance_routes(values, routes, fraction=0.0), values)
+    for fraction in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="fraction must lie in"):
+            advantages.balance_routes(values, routes, fraction=fraction)
+
+
 def test_rloo_subtracts_mean_of_other_samples():
     rewards, group_ids, _ = _random_batch(2)
     expected = np.zeros_like(rewards)

@@ -145,7 +145,7 @@ def test_the_questions_strata_reach_the_estimator_and_stratum_scaling_gives_each
 
 def test_balanced_routes_leave_every_route_a_zero_advantage_sum_in_each_batch():
     world = ParityWorld(routes=3)
-    loop, _ = make_loop(world, iterations=4, balance_routes=True)
+    loop, _ = make_loop(world, iterations=4, balance_routes=1.0)
     loop.run()
     moved = 0
     for batch in loop.learner.batches:
@@ -155,6 +155,12 @@ def test_balanced_routes_leave_every_route_a_zero_advantage_sum_in_each_batch():
         for route in np.unique(routes):
             assert values[routes == route].sum() == pytest.approx(0.0, abs=1e-5)
     assert moved > 0, "balancing left no advantage at all"
+
+
+def test_loop_config_refuses_a_route_balancing_fraction_outside_zero_to_one():
+    for fraction in (-0.5, 1.01):
+        with pytest.raises(ValueError, match="balance_routes is a fraction in"):
+            LoopConfig(iterations=1, balance_routes=fraction)
 
 
 def test_each_iteration_updates_syncs_a_new_version_and_advances_the_data():
