@@ -39,8 +39,9 @@ def test_the_fused_attention_path_matches_the_einsum_path_in_values_and_gradient
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-6)
     for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(expected_grads)):
         # The loss is a sum of squares near 640; float32 rounding of the two formulations (the einsum path divides by
-        # the softmax sum after the value product) moves the embedding gradient by up to 6e-5 of its largest entry.
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max(),
+        # the softmax sum after the value product) moves a gradient by up to about 1e-4 of its leaf's largest entry,
+        # as much as the host's summation order decides (o_proj's kernel on an AMD EPYC: 1.07e-4).
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-4 * np.abs(want).max(),
                                    err_msg=jax.tree_util.keystr(path))
 
 
