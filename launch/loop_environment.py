@@ -3,6 +3,8 @@ tokenizer, and the per-rollout metrics it reports."""
 
 from __future__ import annotations
 
+import bisect
+import re
 from typing import Any, Sequence
 
 from env.gym_env import ConductorEnv, Scored
@@ -30,6 +32,27 @@ def rollout_metrics(scored: Scored) -> dict[str, float]:
             failed_steps=float(scored.execution.failed_steps),
         )
     return metrics
+
+
+# The first `model_id` list: the label, `=` or `:`, then everything up to its closing bracket.
+_WORKER_LIST_RE = re.compile(r"model_id\W{0,4}[=:]\s*\[([^\]]*)\]", re.IGNORECASE)
+
+
+def worker_id_tokens(tokenizer: Any, ids: Sequence[int]) -> tuple[int, ...]:
+    """Indices of the completion tokens that write each worker id of the first `model_id = [...]` list (the token
+    holding an id's first digit), in order; empty without such a list.
+
+    Decoded prefixes only grow as tokens are added, so a binary search over prefix lengths finds each id's token.
+    """
+    match = _WORKER_LIST_RE.search(tokenizer.decode(list(ids), skip_special_tokens=True))
+    if match is None:
+        return ()
+    offsets = [match.start(1) + digits.start() for digits in re.finditer(r"\d+", match.group(1))]
+
+    def decoded_length(prefix_end: int) -> int:
+        return len(tokenizer.decode(list(ids[: prefix_end + 1]), skip_special_tokens=True))
+
+    return tuple(bisect.bisect_right(range(len(ids)), offset, key=decoded_length) for offset in offsets)
 
 
 class TokenizedConductorEnv:
@@ -61,7 +84,7 @@ class TokenizedConductorEnv:
         )
         rollouts = []
         oracle = self.env.world.oracle
-        for task, result in zip(tasks, scored):
+        for task, result, completion in zip(tasks, scored, completions):
             metrics = rollout_metrics(result)
             if oracle is not None:
                 # Whether the workflow's answer comes from the worker the known optimal plan ends with (a recursion
@@ -75,11 +98,15 @@ class TokenizedConductorEnv:
             if result.round < self.env.config.recursion_rounds and result.workflow is not None:
                 observation = self.env.observation(task, result)
                 followup = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
+            workers = tuple(step.worker for step in result.workflow.steps) if result.workflow else ()
+            route_tokens = worker_id_tokens(self.tokenizer, completion) if workers else ()
             rollouts.append(
                 Rollout(
                     reward=result.reward,
                     metrics=metrics,
-                    workers=tuple(step.worker for step in result.workflow.steps) if result.workflow else (),
+                    workers=workers,
+                    # A list the parser read in another form than the pattern's gives no decision tokens.
+                    route_tokens=route_tokens if len(route_tokens) == len(workers) else (),
                     context=result,
                     followup_prompt_ids=followup,
                 )

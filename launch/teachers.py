@@ -12,12 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import re
 from typing import Any, Literal, Mapping, Sequence, get_args
 
 from env.policies import DEFAULT_TEMPLATES, TEMPLATES, random_template
 from env.workflow import Workflow, render_workflow
-from launch.loop_environment import TokenizedConductorEnv
+from launch.loop_environment import TokenizedConductorEnv, worker_id_tokens
 from rl.loop import question_order
 from rl.supervised import Example
 
@@ -74,27 +73,6 @@ def completion_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
     return tuple(tokenizer.encode(text, add_special_tokens=False)) + (tokenizer.eos_token_id,)
 
 
-_FIRST_WORKER_RE = re.compile(r"model_id\s*=\s*\[\s*(\d)")
-
-
-def first_worker_token(tokenizer: Any, ids: Sequence[int]) -> int | None:
-    """Index of the completion token that holds the first worker id of `model_id = [...]` (None without one).
-
-    Decoded prefixes only grow as tokens are added, so a binary search finds the first prefix that reaches the id.
-    """
-    match = _FIRST_WORKER_RE.search(tokenizer.decode(list(ids), skip_special_tokens=True))
-    if match is None:
-        return None
-    low, high = 0, len(ids) - 1
-    while low < high:
-        middle = (low + high) // 2
-        if len(tokenizer.decode(list(ids[: middle + 1]), skip_special_tokens=True)) > match.start(1):
-            high = middle
-        else:
-            low = middle + 1
-    return low
-
-
 def with_reasoning(
     workflow: Workflow, environment: TokenizedConductorEnv, question: int, config: TeacherConfig
 ) -> Workflow:
@@ -119,10 +97,10 @@ def make_example(
 ) -> Example:
     """A (prompt, completion) example; with `labels`, labelled with the question's domain at the first worker id."""
     prompt = tuple(environment.prompt_ids(question))
-    index = first_worker_token(environment.tokenizer, ids) if labels is not None else None
-    if index is None:
+    route_tokens = worker_id_tokens(environment.tokenizer, ids) if labels is not None else ()
+    if not route_tokens:
         return Example(prompt, tuple(ids))
-    return Example(prompt, tuple(ids), index, labels[environment.tasks[question].domain])
+    return Example(prompt, tuple(ids), route_tokens[0], labels[environment.tasks[question].domain])
 
 
 def template_examples(

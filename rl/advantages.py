@@ -325,6 +325,40 @@ def balance_routes(advantages, routes: Sequence[Hashable | None], fraction: floa
     return balanced
 
 
+RouteWeighting = Literal["none", "inverse_propensity"]
+
+
+def inverse_propensity_route_weights(
+    route_logprobs: Sequence[Sequence[float]], cap: float
+) -> list[np.ndarray]:
+    """Weights for the advantage on each token that writes a worker id: the inverse of the sampler's probability of
+    that token, self-normalised over the batch's route tokens and capped.
+
+        w_t = min(cap, (1 / pi_t) / mean_s (1 / pi_s)),   pi_t = exp(the sampler's log-prob of route token t)
+
+    `route_logprobs[i]` holds row i's route tokens' sampler log-probs (none for a row without a workflow).
+    Why: the expected policy-gradient step on a route's logit is pi(r) (A(r) - E_pi[A]), so a route the policy
+    samples rarely moves slowly whatever it earns, and a good route the warm-start happens to disfavour can lose its
+    share before it is sampled often enough to be told apart (softmax policy gradient's slow escape from a poor
+    start, Mei et al. 2020). Weighted, a sampled route's token carries A(r) / pi(r), so in expectation every route's
+    logit moves by its own advantage, as if the routes had been drawn uniformly. A policy that puts all its mass on
+    one route is still stable only at the route with the highest expected reward (every other route's advantage is
+    then negative and the best's positive). The self-normalisation keeps the batch's mean route weight at 1, so the
+    update's scale stays that of the unweighted loss; the cap bounds the variance a very unlikely sample adds.
+    """
+    if not cap >= 1.0:
+        raise ValueError(f"the route weight cap must be >= 1 (1 leaves every weight at most the mean), got {cap}")
+    arrays = [np.asarray(row, dtype=np.float64).reshape(-1) for row in route_logprobs]
+    every = np.concatenate(arrays) if arrays else np.zeros(0)
+    if not np.all(np.isfinite(every)):
+        raise ValueError("route tokens' sampler log-probs must be finite")
+    if every.size == 0:
+        return [np.zeros(0, dtype=np.float32) for _ in arrays]
+    # In log space: a token sampled at a log-prob of -800 has an inverse probability no float holds.
+    log_mean_inverse = np.logaddexp.reduce(-every) - np.log(every.size)
+    return [np.exp(np.minimum(np.log(cap), -row - log_mean_inverse)).astype(np.float32) for row in arrays]
+
+
 def zero_variance_groups(rewards, group_ids) -> tuple[np.ndarray, int]:
     """Dynamic sampling (DAPO): which samples to keep, and how many groups were dropped.
 

@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import pickle
 import time
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, get_args
 
 import jax
 import numpy as np
@@ -54,7 +54,8 @@ class Rollout:
     """One scored completion, as the environment reports it.
 
     `metrics` are per-rollout numbers averaged into `rollout/<name>` scalars (the environment decides which: correct,
-    valid_format, steps, worker_calls, tokens, cost_usd, ...). `workers` are the pool ids the workflow used.
+    valid_format, steps, worker_calls, tokens, cost_usd, ...). `workers` are the pool ids the workflow used;
+    `route_tokens` the indices of the completion tokens that write them (the routing decisions'), one per worker.
     `context` is what the environment needs to run a recursion round on this rollout; `followup_prompt_ids` is that
     round's Conductor prompt (None when the environment has no further round for it).
     """
@@ -62,6 +63,7 @@ class Rollout:
     reward: float
     metrics: Mapping[str, float]
     workers: tuple[int, ...] = ()
+    route_tokens: tuple[int, ...] = ()
     context: Any = None
     followup_prompt_ids: Sequence[int] | None = None
 
@@ -118,6 +120,9 @@ class LoopConfig:
     environment has those labels, each completion's (its question's) reaches the estimator as its stratum. With
     `balance_routes` lambda > 0, each completion's advantage loses lambda times its route's (the workers its workflow
     called) mean advantage over the batch (`rl.advantages.balance_routes`; 1 takes it wholly relative to that mean).
+    With `route_weighting="inverse_propensity"`, the advantage on each token that writes a worker id (the
+    environment's `Rollout.route_tokens`) is weighted by the inverse of the sampler's probability of that token,
+    self-normalised over the batch and capped at `route_weight_cap` (`rl.advantages.inverse_propensity_route_weights`).
     """
 
     iterations: int
@@ -127,6 +132,8 @@ class LoopConfig:
     estimator_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dynamic_sampling: bool = False
     balance_routes: float = 0.0
+    route_weighting: advantage_estimators.RouteWeighting = "none"
+    route_weight_cap: float = 5.0
     recursion_rounds: int = 0
     stratify_questions: bool = False
     checkpoint_every: int = 10
@@ -153,6 +160,13 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.recursion_rounds must be >= 0, got {self.recursion_rounds}")
         if not 0.0 <= self.balance_routes <= 1.0:
             raise ValueError(f"LoopConfig.balance_routes is a fraction in [0, 1], got {self.balance_routes}")
+        if self.route_weighting not in get_args(advantage_estimators.RouteWeighting):
+            raise ValueError(
+                f"unknown LoopConfig.route_weighting {self.route_weighting!r}; choose one of "
+                f"{get_args(advantage_estimators.RouteWeighting)}"
+            )
+        if not self.route_weight_cap >= 1.0:
+            raise ValueError(f"LoopConfig.route_weight_cap must be >= 1, got {self.route_weight_cap}")
 
     @property
     def max_rows(self) -> int:
@@ -362,6 +376,17 @@ class TrainingLoop:
                 pad_id=self.pad_id,
                 length_buckets=config.length_buckets,
             )
+            if config.route_weighting == "inverse_propensity":
+                route_tokens = [s.rollouts[i].route_tokens for s, i in rows]
+                weights = advantage_estimators.inverse_propensity_route_weights(
+                    [[c.logprobs[t] for t in tokens] for c, tokens in zip(completions, route_tokens)],
+                    config.route_weight_cap,
+                )
+                batch = batch.scaled_token_advantages(route_tokens, weights)
+                every_weight = np.concatenate(weights)
+                if every_weight.size:
+                    scalars["advantage/route_weight_max"] = float(every_weight.max())
+                    scalars["advantage/route_weight_capped"] = float(np.mean(every_weight >= config.route_weight_cap))
             # Dropped groups leave the loss (rows without loss tokens count in no denominator); shapes stay put.
             batch = batch.replace(loss_mask=batch.loss_mask & keep[:, None])
             scalars.update({f"learner/{k}": v for k, v in self.learner.update(batch).items()})

@@ -74,6 +74,28 @@ class Trajectories:
         )
         return jax.tree.map(lambda mine, theirs: np.concatenate([mine, theirs]), self, copies)
 
+    def scaled_token_advantages(
+        self, token_indices: Sequence[Sequence[int]], factors: Sequence[Sequence[float]]
+    ) -> "Trajectories":
+        """These rows with the advantage on completion token `token_indices[i][k]` of row i (0: its first
+        completion token) multiplied by `factors[i][k]`; every other token keeps its sequence's advantage. Runs on
+        the host."""
+        if len(token_indices) != self.batch_size or len(factors) != self.batch_size:
+            raise ValueError(
+                f"{len(token_indices)} rows of token indices and {len(factors)} of factors for {self.batch_size} rows"
+            )
+        advantages = np.array(self.advantages, dtype=np.float32)
+        loss_mask = np.asarray(self.loss_mask)
+        for row, (indices, row_factors) in enumerate(zip(token_indices, factors)):
+            if len(indices) != len(row_factors):
+                raise ValueError(f"row {row}: {len(indices)} token indices but {len(row_factors)} factors")
+            for index, factor in zip(indices, row_factors):
+                column = self.completion_start + int(index)
+                if not (0 <= index and column < self.length and loss_mask[row, column]):
+                    raise ValueError(f"row {row}: token {index} is not one of its completion's tokens")
+                advantages[row, column] *= factor
+        return self.replace(advantages=advantages)
+
     def trimmed(self) -> "Trajectories":
         """These rows in the smallest length bucket that holds their longest prompt and the completion block:
         leading columns that are padding in every row are dropped. Runs on the host (the shape is static)."""

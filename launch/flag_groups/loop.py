@@ -12,7 +12,7 @@ from typing import get_args
 from absl import flags
 
 from launch.flag_groups import field_values, shared
-from rl.advantages import ESTIMATORS, StdScaling, Whitening, options_for
+from rl.advantages import ESTIMATORS, RouteWeighting, StdScaling, Whitening, options_for
 from rl.loop import LoopConfig
 
 _FIELDS = {
@@ -27,6 +27,16 @@ _FIELDS = {
         "advantage; at 1 no route is pushed up in every task domain by what it earns in one (the spillover between "
         "domains), in between the push is partly removed.",
         lower_bound=0.0, upper_bound=1.0,
+    ),
+    "route_weighting": flags.DEFINE_enum(
+        "route_weighting", "none", get_args(RouteWeighting),
+        "inverse_propensity: the advantage on each token that writes a worker id is weighted by the inverse of the "
+        "sampler's probability of that token (mean 1 over the batch, capped at --route_weight_cap), so a route the "
+        "policy rarely samples moves by what it earns, not in proportion to how often it is tried.",
+    ),
+    "route_weight_cap": flags.DEFINE_float(
+        "route_weight_cap", 5.0, "Largest route-token weight under --route_weighting=inverse_propensity.",
+        lower_bound=1.0,
     ),
     "checkpoint_every": flags.DEFINE_integer("checkpoint_every", 10, "Iterations between checkpoints."),
 }

@@ -7,7 +7,7 @@ import pytest
 from env.gym_env import ConductorEnv
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch.loop_environment import TokenizedConductorEnv
+from launch.loop_environment import TokenizedConductorEnv, worker_id_tokens
 from models import zoo
 from models.tokenizer import load_tokenizer
 
@@ -59,3 +59,39 @@ def test_multi_step_reading_marks_several_steps_whose_last_reads_every_earlier_o
 def test_an_unparsed_completion_is_not_multi_step_reading(world):
     [rollout] = world.score([0], [world.tokenizer.encode("no workflow")], [None], [0])
     assert rollout.metrics["multi_step_reading"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "text, ids",
+    [
+        ('Plan first.\n\nmodel_id = [3, 1]\nsubtasks = ["a", "b"]\naccess_list = [[], "all"]', ("3", "1")),
+        ('{"model_id": [2], "subtasks": ["a"], "access_list": [[]]}', ("2",)),
+        ("model_id = [10, 0, 7]\nsubtasks = ['a', 'b', 'c']", ("10", "0", "7")),
+    ],
+)
+def test_worker_id_tokens_are_the_tokens_that_write_each_id(world, text, ids):
+    tokenizer = world.tokenizer
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    indices = worker_id_tokens(tokenizer, tokens)
+    assert len(indices) == len(ids)
+    offset = text.index("[")
+    for index, worker_id in zip(indices, ids):
+        offset = text.index(worker_id, offset)  # where the id's first digit is in the text
+        # The text before the token ends before the id; the token writes its first digit.
+        assert len(tokenizer.decode(tokens[:index])) <= offset < len(tokenizer.decode(tokens[: index + 1]))
+        offset += len(worker_id)
+
+
+def test_worker_id_tokens_are_empty_without_a_model_id_list(world):
+    tokenizer = world.tokenizer
+    assert worker_id_tokens(tokenizer, tokenizer.encode("no workflow here", add_special_tokens=False)) == ()
+    assert worker_id_tokens(tokenizer, tokenizer.encode("model_id = [3, 1", add_special_tokens=False)) == ()
+
+
+def test_scored_rollouts_name_the_token_of_each_worker_id(world):
+    workflow = Workflow(steps=(Step(2, "Solve it."), Step(0, "Check it.", "all")), reasoning="Two steps.")
+    completion = world.tokenizer.encode("\n" + render_workflow(workflow), add_special_tokens=False)
+    rollout, unparsed = world.score([0, 0], [completion, world.tokenizer.encode("no workflow")], [None] * 2, [0, 1])
+    assert rollout.workers == (2, 0) and len(rollout.route_tokens) == 2
+    assert [world.tokenizer.decode([completion[i]]).strip() for i in rollout.route_tokens] == ["2", "0"]
+    assert unparsed.workers == () and unparsed.route_tokens == ()

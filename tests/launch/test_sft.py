@@ -44,17 +44,6 @@ def world():
     return TokenizedConductorEnv(env, tokenizer)
 
 
-def test_first_worker_token_is_the_token_that_writes_the_first_id(world):
-    tokenizer = world.tokenizer
-    text = 'Plan first.\n\nmodel_id = [3, 1]\nsubtasks = ["a", "b"]\naccess_list = [[], "all"]'
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    index = teachers.first_worker_token(tokenizer, ids)
-    assert "3" not in tokenizer.decode(ids[:index]).split("[")[-1]
-    assert tokenizer.decode(ids[: index + 1]).endswith("model_id = [3")
-    no_workflow = tokenizer.encode("no workflow here", add_special_tokens=False)
-    assert teachers.first_worker_token(tokenizer, no_workflow) is None
-
-
 def test_template_examples_label_every_example_with_its_questions_domain(world):
     examples = teachers.template_examples(world, 24, random.Random(0), probe=True)
     labels = teachers.domain_labels(world)

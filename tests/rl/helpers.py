@@ -90,17 +90,24 @@ class RecordingLearner(Learner):
 
 
 class SeededSampler:
-    """Three random tokens per completion, drawn from the call's seed (so a resumed run draws what it would have);
-    `calls` records each call's prompt count, completions per prompt and seed."""
+    """Three random tokens per completion, drawn from the call's seed (so a resumed run draws what it would have),
+    each with log-prob -1 (with `varied_logprobs`, drawn from [-4, -0.1] after the tokens); `calls` records each
+    call's prompt count, completions per prompt and seed."""
 
-    def __init__(self):
+    def __init__(self, varied_logprobs: bool = False):
         self.calls = []
+        self.varied_logprobs = varied_logprobs
 
     def generate(self, prompt_ids, params, n):
         self.calls.append((len(prompt_ids), n, params.seed))
         rng = np.random.default_rng(params.seed)
+        tokens = [[tuple(int(t) for t in rng.integers(3, 256, 3)) for _ in range(n)] for _ in prompt_ids]
+        logprobs = (
+            rng.uniform(-4.0, -0.1, (len(prompt_ids), n, 3)) if self.varied_logprobs
+            else np.full((len(prompt_ids), n, 3), -1.0)
+        )
         return [
-            [Completion(tuple(p), tuple(int(t) for t in rng.integers(3, 256, 3)), (-1.0,) * 3, "length", 0)
-             for _ in range(n)]
-            for p in prompt_ids
+            [Completion(tuple(p), tokens[i][j], tuple(float(x) for x in logprobs[i, j]), "length", 0)
+             for j in range(n)]
+            for i, p in enumerate(prompt_ids)
         ]

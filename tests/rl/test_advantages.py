@@ -120,6 +120,29 @@ def test_balance_routes_by_a_fraction_removes_that_fraction_of_each_routes_batch
             advantages.balance_routes(values, routes, fraction=fraction)
 
 
+
+def test_inverse_propensity_route_weights_are_inverse_probabilities_over_their_batch_mean_capped():
+    logprobs = [[np.log(0.5)], [np.log(0.25), np.log(0.1)], []]
+    # Inverse probabilities 2, 4, 10; their mean 16/3.
+    weights = advantages.inverse_propensity_route_weights(logprobs, cap=5.0)
+    for row, expected in zip(weights, ([0.375], [0.75, 1.875], [])):
+        np.testing.assert_allclose(row, expected, rtol=1e-6)
+    capped = advantages.inverse_propensity_route_weights(logprobs, cap=1.5)
+    np.testing.assert_allclose(np.concatenate(capped), [0.375, 0.75, 1.5], rtol=1e-6)
+    # A token sampled at a log-prob whose inverse probability overflows a float64 still gets a finite weight: twice
+    # the mean of two inverse probabilities of which it is nearly the whole sum.
+    extreme = advantages.inverse_propensity_route_weights([[-800.0], [np.log(0.5)]], cap=5.0)
+    np.testing.assert_allclose(np.concatenate(extreme), [2.0, 0.0], rtol=1e-6, atol=1e-30)
+    assert advantages.inverse_propensity_route_weights([[], []], cap=5.0)[0].size == 0
+
+
+def test_inverse_propensity_route_weights_refuse_a_cap_below_one_and_non_finite_log_probs():
+    for cap in (0.5, float("nan")):
+        with pytest.raises(ValueError, match="cap must be >= 1"):
+            advantages.inverse_propensity_route_weights([[-1.0]], cap=cap)
+    with pytest.raises(ValueError, match="must be finite"):
+        advantages.inverse_propensity_route_weights([[-1.0], [float("-inf")]], cap=5.0)
+
 def test_rloo_subtracts_mean_of_other_samples():
     rewards, group_ids, _ = _random_batch(2)
     expected = np.zeros_like(rewards)

@@ -38,7 +38,7 @@ class ParityWorld:
     followup: bool = False
     second_reward: float = 0.75
     question_strata: tuple[str, ...] | None = None
-    routes: int = 1  # a first round calls worker (first completion token mod routes)
+    routes: int = 1  # a first round calls worker (first completion token mod routes), decided by that token
 
     def prompt_ids(self, question):
         return [1, 2, question + 3]
@@ -51,6 +51,7 @@ class ParityWorld:
                 continue
             reward = self.constant_reward if self.constant_reward is not None else float(completion[0] % 2 == 0)
             rollouts.append(Rollout(reward, {"correct": reward}, workers=(completion[0] % self.routes,),
+                                    route_tokens=(0,),
                                     context="first" if self.followup else None,
                                     followup_prompt_ids=[1, 2, 200] if self.followup else None))
         return rollouts
@@ -68,12 +69,12 @@ def make_learner(seed=0):
     return RecordingLearner(model, config)
 
 
-def make_loop(world, *, iterations=2, learner=None, checkpointer=None, writer=None, **config):
+def make_loop(world, *, iterations=2, learner=None, checkpointer=None, writer=None, sampler=None, **config):
     syncs = []
     loop = TrainingLoop(
         LoopConfig(iterations=iterations, questions_per_step=2, group_size=4, length_buckets=(16,), **config),
         learner=learner or make_learner(),
-        sampler=SeededSampler(),
+        sampler=sampler or SeededSampler(),
         sampling_params=SamplingParams(max_new_tokens=3),
         weight_sync=lambda model, version: syncs.append(version),
         environment=world,
@@ -162,6 +163,31 @@ def test_loop_config_refuses_a_route_balancing_fraction_outside_zero_to_one():
         with pytest.raises(ValueError, match="balance_routes is a fraction in"):
             LoopConfig(iterations=1, balance_routes=fraction)
 
+
+
+def test_inverse_propensity_route_weighting_scales_the_route_tokens_advantage_alone():
+    loop, _ = make_loop(ParityWorld(routes=3), iterations=3, sampler=SeededSampler(varied_logprobs=True),
+                        route_weighting="inverse_propensity", route_weight_cap=2.0)
+    history = loop.run()
+    reweighted = 0
+    for batch in loop.learner.batches:
+        values, start = np.asarray(batch.advantages), batch.completion_start
+        # The route is decided by the first completion token; the later ones keep the sequence's advantage.
+        sequence = values[:, start + 1]
+        np.testing.assert_array_equal(values[:, start + 2], sequence)
+        inverse = np.exp(-np.asarray(batch.sampler_logprobs, dtype=np.float64)[:, start])
+        np.testing.assert_allclose(values[:, start], sequence * np.minimum(2.0, inverse / inverse.mean()), rtol=1e-5)
+        reweighted += int(np.any(np.abs(values[:, start] - sequence) > 1e-6))
+    assert reweighted > 0, "no route token's advantage moved"
+    assert all(0.0 < h["advantage/route_weight_max"] <= 2.0 for h in history)
+
+
+def test_loop_config_refuses_an_unknown_route_weighting_and_a_cap_below_one():
+    with pytest.raises(ValueError, match="unknown LoopConfig.route_weighting 'uniform'"):
+        LoopConfig(iterations=1, route_weighting="uniform")
+    for cap in (0.9, float("nan")):
+        with pytest.raises(ValueError, match="route_weight_cap must be >= 1"):
+            LoopConfig(iterations=1, route_weight_cap=cap)
 
 def test_each_iteration_updates_syncs_a_new_version_and_advances_the_data():
     loop, syncs = make_loop(ParityWorld(), iterations=3)

@@ -1,5 +1,7 @@
 """Building the padded learner batch from generator token ids."""
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -36,6 +38,30 @@ def test_layout_is_left_padded_prompt_then_a_bucketed_completion_block():
     np.testing.assert_array_equal(batch.group_ids, [3, 3])
     assert batch.tokens.dtype == np.int32 and batch.positions.dtype == np.int32
 
+
+
+def test_scaled_token_advantages_scale_only_the_named_completion_tokens():
+    batch = _example()
+    scaled = batch.scaled_token_advantages([[1], [0, 3]], [[3.0], [0.5, 2.0]])
+    np.testing.assert_allclose(scaled.advantages[0], [0, 0, 0, 0, 1, 3, 0, 0])
+    np.testing.assert_allclose(scaled.advantages[1], [0, 0, 0, 0, -1, -2, -2, -4])
+    np.testing.assert_allclose(batch.advantages[0], [0, 0, 0, 0, 1, 1, 0, 0]), "the batch itself is unchanged"
+    np.testing.assert_array_equal(scaled.tokens, batch.tokens)
+
+
+@pytest.mark.parametrize(
+    "indices, factors, message",
+    [
+        ([[2], []], [[2.0], []], "row 0: token 2 is not one of its completion's tokens"),
+        ([[-1], []], [[2.0], []], "row 0: token -1 is not one of its completion's tokens"),
+        ([[0], [4]], [[2.0], [2.0]], "row 1: token 4 is not one of its completion's tokens"),
+        ([[0], [1]], [[2.0], []], "row 1: 1 token indices but 0 factors"),
+        ([[0]], [[2.0]], "1 rows of token indices and 1 of factors for 2 rows"),
+    ],
+)
+def test_scaled_token_advantages_refuse_tokens_outside_a_completion(indices, factors, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _example().scaled_token_advantages(indices, factors)
 
 def test_is_a_pytree_and_rows_select_sub_batches():
     batch = _example()
