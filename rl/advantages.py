@@ -341,10 +341,11 @@ def inverse_propensity_route_weights(
     samples rarely moves slowly whatever it earns, and a good route the warm-start happens to disfavour can lose its
     share before it is sampled often enough to be told apart (softmax policy gradient's slow escape from a poor
     start, Mei et al. 2020). Weighted, a sampled route's token carries A(r) / pi(r), so in expectation every route's
-    logit moves by its own advantage, as if the routes had been drawn uniformly. A policy that puts all its mass on
-    one route is still stable only at the route with the highest expected reward (every other route's advantage is
-    then negative and the best's positive). The self-normalisation keeps the batch's mean route weight at 1, so the
-    update's scale stays that of the unweighted loss; the cap bounds the variance a very unlikely sample adds.
+    logit moves by its own advantage, as if the routes had been drawn uniformly. A policy near one route is still
+    drawn back to it only if that route has the highest expected reward (a rarer, better route sampled there has a
+    positive advantage, now weighted up). The self-normalisation sets the batch's mean weight to 1 before the cap,
+    so the update's scale stays near that of the unweighted loss; the cap bounds the variance a very unlikely sample
+    adds.
     """
     if not cap >= 1.0:
         raise ValueError(f"the route weight cap must be >= 1 (1 leaves every weight at most the mean), got {cap}")
