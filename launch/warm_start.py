@@ -57,6 +57,7 @@ def warm_start(
         if (index + 1) % 10 == 0 or index + 1 == steps:
             probe_part = (
                 f" probe_loss {metrics['probe_loss']:.4f} probe_accuracy {metrics['probe_accuracy']:.2f}"
+                f" state_overlap {metrics['state_overlap']:.3f}"
                 if probe else ""
             )
             log.info("sft step %d/%d nll %.4f grad_norm %.3f%s", index + 1, steps, metrics["nll"],

@@ -12,6 +12,12 @@ question (its domain) from the hidden state at one completion position per examp
 chosen). A uniformly routed teacher gives that state no reason to carry the question, so RL would start at a saddle
 where every domain sees the same routing logits; the probe makes the state carry the domain while the routing the
 student imitates stays uniform.
+
+Optional decorrelation of the probed states (`decorrelation_weight`): the mean squared cosine between the mean states
+of every two domains in the batch (`domain_state_overlap`), added to the loss. GRPO's update of a route's output row
+from one domain's completions moves another domain's logit for that route in proportion to the dot product of their
+states, so a shared direction carries one domain's routing into the others (`scripts/replay_spillover_model.py`, rho);
+orthogonal domain states keep each domain's push its own.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class SFTConfig:
     seed: int = 0
     probe_classes: int = 0  # 0: no decision probe
     probe_weight: float = 0.0  # weight of the probe's cross-entropy beside the mean NLL
+    decorrelation_weight: float = 0.0  # weight of the domains' state overlap beside the mean NLL; needs the probe
     # Encode a prompt once per aligned block of rows that carry it (a question's routes); the same loss and gradient.
     share_prompts: bool = True
 
@@ -57,6 +64,10 @@ class SFTConfig:
             )
         if self.probe_classes == 1:
             raise ValueError("SFTConfig.probe_classes must be >= 2 for a classifier, got 1")
+        if not self.decorrelation_weight >= 0:
+            raise ValueError(f"SFTConfig.decorrelation_weight must be >= 0, got {self.decorrelation_weight}")
+        if self.decorrelation_weight > 0 and not self.probe_classes:
+            raise ValueError("SFTConfig.decorrelation_weight needs the probe's labels (probe_classes, probe_weight)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +122,19 @@ def probe_cross_entropy(
     return (loss * labelled).sum() / count, ((logits.argmax(-1) == labels) * labelled).sum() / count
 
 
+def domain_state_overlap(hidden: jax.Array, positions: jax.Array, labels: jax.Array, classes: int) -> jax.Array:
+    """Mean over pairs of distinct labels f != g present in the batch of cos(mu_f, mu_g)^2, mu_f the mean of
+    `hidden[b, positions[b]]` over the rows labelled f (label -1: none); 0 with fewer than two labels present."""
+    states = jnp.take_along_axis(hidden, positions[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+    members = (labels[:, None] == jnp.arange(classes)[None, :]).astype(jnp.float32)  # [B, classes]
+    counts = members.sum(axis=0)
+    means = (members.T @ states) / jnp.maximum(counts, 1.0)[:, None]
+    unit = means / jnp.maximum(jnp.linalg.norm(means, axis=-1, keepdims=True), 1e-12)
+    present = (counts > 0).astype(jnp.float32)
+    pairs = present[:, None] * present[None, :] * (1.0 - jnp.eye(classes))
+    return (jnp.square(unit @ unit.T) * pairs).sum() / jnp.maximum(pairs.sum(), 1.0)
+
+
 class SupervisedTrainer:
     """Owns an optax optimizer over the model's parameters; `step(batch)` takes one jit-compiled gradient step."""
 
@@ -138,8 +162,10 @@ class SupervisedTrainer:
             if probe is None:
                 return nll, {"nll": nll}
             probe_loss, probe_accuracy = probe_cross_entropy(probe, predicting, probe_indices, probe_labels)
-            parts = {"nll": nll, "probe_loss": probe_loss, "probe_accuracy": probe_accuracy}
-            return nll + self.config.probe_weight * probe_loss, parts
+            overlap = domain_state_overlap(predicting, probe_indices, probe_labels, self.config.probe_classes)
+            parts = {"nll": nll, "probe_loss": probe_loss, "probe_accuracy": probe_accuracy, "state_overlap": overlap}
+            loss = nll + self.config.probe_weight * probe_loss + self.config.decorrelation_weight * overlap
+            return loss, parts
 
         (_, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = self._optimizer.update(grads, opt_state, params)

@@ -21,6 +21,12 @@ _DOMAIN_PROBE_WEIGHT = flags.DEFINE_float(
     "Weight of a discarded linear probe's domain cross-entropy at the first worker-id decision (0: no probe).",
     lower_bound=0.0,
 )
+_DOMAIN_DECORRELATION_WEIGHT = flags.DEFINE_float(
+    "sft_domain_decorrelation_weight", 0.0,
+    "Weight of the mean squared cosine between domains' mean states at the first worker-id decision (needs "
+    "--sft_domain_probe_weight > 0; 0: off), so GRPO's routing updates for one domain do not move the others'.",
+    lower_bound=0.0,
+)
 
 
 def from_flags(steps: int, domains: int) -> SFTConfig:
@@ -36,5 +42,6 @@ def from_flags(steps: int, domains: int) -> SFTConfig:
         seed=shared.SEED.value,
         probe_classes=domains if probe else 0,
         probe_weight=_DOMAIN_PROBE_WEIGHT.value,
+        decorrelation_weight=_DOMAIN_DECORRELATION_WEIGHT.value,
         share_prompts=shared.SHARE_PROMPTS.value,
     )

@@ -7,7 +7,14 @@ from flax import nnx
 from models.config import ModelConfig
 from models.transformer import Transformer
 from rl.learner import OptimizerConfig
-from rl.supervised import Example, SFTConfig, SupervisedTrainer, negative_log_likelihood, probe_cross_entropy
+from rl.supervised import (
+    Example,
+    SFTConfig,
+    SupervisedTrainer,
+    domain_state_overlap,
+    negative_log_likelihood,
+    probe_cross_entropy,
+)
 from tests.rl.helpers import SGDConfig, assert_same_sgd_state
 from tests.tiny_models import tiny_config
 
@@ -131,6 +138,46 @@ def test_the_probe_gradient_reaches_the_model_only_when_the_probe_is_on():
     assert any(not np.allclose(a, b) for a, b in zip(plain_params, probed_params))
 
 
+def test_domain_state_overlap_is_the_mean_squared_cosine_between_the_domains_mean_states():
+    rng = np.random.default_rng(3)
+    hidden = rng.normal(size=(7, 5, 6)).astype(np.float32)
+    positions = np.array([0, 4, 2, 1, 3, 0, 2])
+    labels = np.array([0, 0, 2, -1, 2, 3, 3])  # domain 1 absent, one row unlabelled
+    states = hidden[np.arange(7), positions]
+    means = {f: states[labels == f].mean(axis=0) for f in (0, 2, 3)}
+    cosines = [
+        means[f] @ means[g] / (np.linalg.norm(means[f]) * np.linalg.norm(means[g]))
+        for f in means for g in means if f != g
+    ]
+    overlap = domain_state_overlap(jnp.asarray(hidden), jnp.asarray(positions), jnp.asarray(labels), classes=4)
+    np.testing.assert_allclose(float(overlap), np.mean(np.square(cosines)), rtol=1e-5)
+    one_domain = domain_state_overlap(jnp.asarray(hidden), jnp.asarray(positions), jnp.asarray([1] * 7), classes=4)
+    assert float(one_domain) == 0.0
+
+
+def test_decorrelation_drives_the_domains_decision_states_apart_and_the_loss_leaves_them_shared_without_it():
+    # Four domains whose prompts differ in their first token only: their states start nearly parallel.
+    examples = [
+        Example((3 + label, 40, 41, 42, 43), (20, 21, 22, 2), probe_index=2, probe_label=label)
+        for label in range(4)
+        for _ in range(2)
+    ]
+
+    def overlap_after(decorrelation_weight: float) -> tuple[float, float]:
+        config = SFTConfig(
+            optimizer=OPTIMIZER, batch_size=8, probe_classes=4, probe_weight=0.1,
+            decorrelation_weight=decorrelation_weight,
+        )
+        history = SupervisedTrainer(_model(), config).fit(examples, steps=60, pad_id=0)
+        return history[0]["state_overlap"], history[-1]["state_overlap"]
+
+    plain_first, plain_last = overlap_after(0.0)
+    decorrelated_first, decorrelated_last = overlap_after(1.0)
+    assert plain_first == pytest.approx(decorrelated_first)  # the same model and batch before any step
+    assert plain_first > 0.5
+    assert decorrelated_last < 0.05 < plain_last
+
+
 def _routes(prompts: int, routes: int, seed: int) -> list[Example]:
     """`routes` weighted completions of each of `prompts` prompts, a prompt's examples consecutive."""
     rng = np.random.default_rng(seed)
@@ -186,6 +233,9 @@ def test_steps_with_a_shared_prompt_encoding_equal_steps_on_full_rows():
         {"probe_classes": 1, "probe_weight": 1.0},
         {"probe_classes": -2, "probe_weight": 1.0},
         {"probe_classes": 4, "probe_weight": -1.0},
+        {"decorrelation_weight": 1.0},
+        {"probe_classes": 4, "probe_weight": 1.0, "decorrelation_weight": -0.5},
+        {"probe_classes": 4, "probe_weight": 1.0, "decorrelation_weight": float("nan")},
     ],
 )
 def test_bad_sft_configs_are_rejected(kwargs):
