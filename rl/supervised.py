@@ -129,7 +129,8 @@ def domain_state_overlap(hidden: jax.Array, positions: jax.Array, labels: jax.Ar
     members = (labels[:, None] == jnp.arange(classes)[None, :]).astype(jnp.float32)  # [B, classes]
     counts = members.sum(axis=0)
     means = (members.T @ states) / jnp.maximum(counts, 1.0)[:, None]
-    unit = means / jnp.maximum(jnp.linalg.norm(means, axis=-1, keepdims=True), 1e-12)
+    # An absent domain's mean is 0; the floor inside the root keeps its gradient finite (the norm's is not at 0).
+    unit = means * jax.lax.rsqrt(jnp.maximum(jnp.square(means).sum(axis=-1, keepdims=True), 1e-24))
     present = (counts > 0).astype(jnp.float32)
     pairs = present[:, None] * present[None, :] * (1.0 - jnp.eye(classes))
     return (jnp.square(unit @ unit.T) * pairs).sum() / jnp.maximum(pairs.sum(), 1.0)

@@ -153,6 +153,9 @@ def test_domain_state_overlap_is_the_mean_squared_cosine_between_the_domains_mea
     np.testing.assert_allclose(float(overlap), np.mean(np.square(cosines)), rtol=1e-5)
     one_domain = domain_state_overlap(jnp.asarray(hidden), jnp.asarray(positions), jnp.asarray([1] * 7), classes=4)
     assert float(one_domain) == 0.0
+    # A domain absent from the batch has a zero mean: the overlap's gradient must stay finite there.
+    gradient = jax.grad(domain_state_overlap)(jnp.asarray(hidden), jnp.asarray(positions), jnp.asarray(labels), 4)
+    assert np.isfinite(np.asarray(gradient)).all() and np.abs(np.asarray(gradient)).max() > 0
 
 
 def test_decorrelation_drives_the_domains_decision_states_apart_and_the_loss_leaves_them_shared_without_it():
