@@ -165,7 +165,9 @@ class SupervisedTrainer:
             probe_loss, probe_accuracy = probe_cross_entropy(probe, predicting, probe_indices, probe_labels)
             overlap = domain_state_overlap(predicting, probe_indices, probe_labels, self.config.probe_classes)
             parts = {"nll": nll, "probe_loss": probe_loss, "probe_accuracy": probe_accuracy, "state_overlap": overlap}
-            loss = nll + self.config.probe_weight * probe_loss + self.config.decorrelation_weight * overlap
+            loss = nll + self.config.probe_weight * probe_loss
+            if self.config.decorrelation_weight:
+                loss = loss + self.config.decorrelation_weight * overlap
             return loss, parts
 
         (_, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)

@@ -181,6 +181,18 @@ def test_decorrelation_drives_the_domains_decision_states_apart_and_the_loss_lea
     assert decorrelated_last < 0.05 < plain_last
 
 
+@pytest.mark.parametrize("decorrelation_weight", [0.0, 1.0])
+def test_batches_missing_some_domains_train_to_finite_parameters(decorrelation_weight):
+    examples = [Example((3 + label, 40, 41), (20, 21, 2), probe_index=1, probe_label=label) for label in range(4)]
+    config = SFTConfig(
+        optimizer=OPTIMIZER, batch_size=2, probe_classes=4, probe_weight=0.1, decorrelation_weight=decorrelation_weight
+    )
+    trainer = SupervisedTrainer(_model(), config)
+    history = trainer.fit(examples, steps=3, pad_id=0)
+    assert all(np.isfinite(list(step.values())).all() for step in history)
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(nnx.state(trainer.model, nnx.Param)))
+
+
 def _routes(prompts: int, routes: int, seed: int) -> list[Example]:
     """`routes` weighted completions of each of `prompts` prompts, a prompt's examples consecutive."""
     rng = np.random.default_rng(seed)
