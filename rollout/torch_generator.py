@@ -33,6 +33,8 @@ def _dense(tensor: torch.Tensor) -> bool:
 class TorchGenerator:
     """A transformers model sampling `n` completions per prompt in one left-padded, KV-cached batch.
 
+    Each prompt is encoded once and its keys and values repeated for its `n` rows (SGLang shares a prompt's prefix
+    the same way), so the prefill costs one row per prompt, not per completion.
     A sequence stops at any of `params.stop_token_ids` or the model's own EOS ids (as SGLang and `model.generate`
     do); the stop token is kept in the completion with its log-prob, so the learner also learns to stop.
     """
@@ -75,7 +77,7 @@ class TorchGenerator:
             return []
         rows = [prompt for prompt in prompts for _ in range(n)]
         with torch.inference_mode():
-            tokens, logprobs, lengths, stopped = self._decode(model, rows, params)
+            tokens, logprobs, lengths, stopped = self._decode(model, prompts, n, params)
         completions = [
             Completion(
                 prompt_ids=row,
@@ -89,14 +91,15 @@ class TorchGenerator:
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _decode(
-        self, model: PreTrainedModel, rows: list[tuple[int, ...]], params: SamplingParams
+        self, model: PreTrainedModel, prompts: list[tuple[int, ...]], n: int, params: SamplingParams
     ) -> tuple[list[list[int]], list[list[float]], list[int], list[bool]]:
-        num_rows, prompt_len = len(rows), max(len(row) for row in rows)
-        input_ids = torch.full((num_rows, prompt_len), self._pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((num_rows, prompt_len), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, prompt_len - len(row) :] = torch.tensor(row)
-            attention_mask[i, prompt_len - len(row) :] = 1
+        """Row `i * n + j` is prompt i's j-th completion."""
+        num_rows, prompt_len = len(prompts) * n, max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(prompts), prompt_len), self._pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), prompt_len), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, prompt_len - len(prompt) :] = torch.tensor(prompt)
+            attention_mask[i, prompt_len - len(prompt) :] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         # Explicit positions make a left-padded row compute exactly what it would alone.
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -114,12 +117,18 @@ class TorchGenerator:
             use_cache=True,
             logits_to_keep=1,
         )
+        logits = outputs.logits[:, -1, :]
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+            attention_mask = attention_mask.repeat_interleave(n, dim=0)
+            positions = positions.repeat_interleave(n, dim=0)
         next_position = positions[:, -1:] + 1
         finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
         lengths = torch.full((num_rows,), params.max_new_tokens, dtype=torch.long, device=self.device)
         step_tokens, step_logprobs = [], []
         for step in range(params.max_new_tokens):
-            logprobs = sampler_logprobs(outputs.logits[:, -1, :], params.temperature)
+            logprobs = sampler_logprobs(logits, params.temperature)
             token = sample_next_tokens(
                 logprobs, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator
             )
@@ -140,6 +149,7 @@ class TorchGenerator:
                 past_key_values=cache,
                 use_cache=True,
             )
+            logits = outputs.logits[:, -1, :]
             next_position = next_position + 1
         tokens = torch.stack(step_tokens, dim=1).cpu().tolist()
         logprobs = torch.stack(step_logprobs, dim=1).cpu().tolist()

@@ -84,6 +84,28 @@ def test_a_row_samples_by_its_own_seed_whichever_prompts_share_its_call(model_di
             np.testing.assert_allclose(mine.logprobs, theirs.logprobs, atol=1e-5)
 
 
+def test_a_prompts_n_rows_share_one_prefill_and_sample_what_n_copies_of_it_sample(model_dir):
+    # generate(prompts, n) encodes each prompt once and repeats its cache; the same prompts listed n times each
+    # (n = 1) are encoded row by row. Row seeds agree (seed + row), so the two must sample the same completions.
+    generator = TorchGenerator(model_dir)
+    params = SamplingParams(temperature=5.0, max_new_tokens=8, seed=5)
+    encoded_rows = []
+    hook = generator.model.register_forward_pre_hook(
+        lambda module, args, kwargs: encoded_rows.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    shared = [c for group in generator.generate(PROMPTS, params, n=3) for c in group]
+    hook.remove()
+    assert encoded_rows[0] == (len(PROMPTS), max(map(len, PROMPTS)))  # the prefill: one row per prompt
+    assert all(shape == (3 * len(PROMPTS), 1) for shape in encoded_rows[1:])  # each decoding step: every row
+    copies = [prompt for prompt in PROMPTS for _ in range(3)]
+    separate = [c for (c,) in generator.generate(copies, params, n=1)]
+    assert [c.completion_ids for c in shared] == [c.completion_ids for c in separate]
+    assert len({c.completion_ids for c in shared[:3]}) > 1, "a prompt's rows should still sample apart"
+    for mine, theirs in zip(shared, separate):
+        assert mine.prompt_ids == theirs.prompt_ids and mine.finish_reason == theirs.finish_reason
+        np.testing.assert_allclose(mine.logprobs, theirs.logprobs, atol=1e-5)
+
+
 def test_each_sequence_stops_at_its_own_stop_token_and_keeps_it(model_dir):
     generator = TorchGenerator(model_dir)
     greedy = generator.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=10), n=1)
