@@ -17,7 +17,9 @@ Optional decorrelation of the probed states (`decorrelation_weight`): the mean s
 of every two domains in the batch (`domain_state_overlap`), added to the loss. GRPO's update of a route's output row
 from one domain's completions moves another domain's logit for that route in proportion to the dot product of their
 states, so a shared direction carries one domain's routing into the others (`scripts/replay_spillover_model.py`, rho);
-orthogonal domain states keep each domain's push its own.
+orthogonal domain states keep that channel's push within its domain. The layers below the output rows are still
+shared, and the state that predicts a worker id for every domain is itself a shared direction, so the penalty also
+makes the format harder to keep.
 """
 
 from __future__ import annotations

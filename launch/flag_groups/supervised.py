@@ -24,7 +24,8 @@ _DOMAIN_PROBE_WEIGHT = flags.DEFINE_float(
 _DOMAIN_DECORRELATION_WEIGHT = flags.DEFINE_float(
     "sft_domain_decorrelation_weight", 0.0,
     "Weight of the mean squared cosine between domains' mean states at the first worker-id decision (needs "
-    "--sft_domain_probe_weight > 0; 0: off), so GRPO's routing updates for one domain do not move the others'.",
+    "--sft_domain_probe_weight > 0; 0: off), so that GRPO's update of a worker's output row from one domain does "
+    "not move the others' logits for it.",
     lower_bound=0.0,
 )
 
