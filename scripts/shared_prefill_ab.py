@@ -52,14 +52,14 @@ def main() -> None:
 
     if shared() != per_row():
         raise SystemExit("the shared prefill sampled other tokens than the per-row prefill")
-    times: dict[str, list[float]] = {"shared": [], "per_row": []}
+    times: dict[str, list[float]] = {"one_prefill": [], "per_row": []}
     for repeat in range(args.repeats):
-        for name, run in (("shared", shared), ("per_row", per_row)):
+        for name, run in (("one_prefill", shared), ("per_row", per_row)):
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
-        print(f"run {repeat}: shared {times['shared'][-1]:.2f}s, per row {times['per_row'][-1]:.2f}s")
-    shared_s, per_row_s = statistics.median(times["shared"]), statistics.median(times["per_row"])
+        print(f"run {repeat}: shared {times['one_prefill'][-1]:.2f}s, per row {times['per_row'][-1]:.2f}s")
+    shared_s, per_row_s = statistics.median(times["one_prefill"]), statistics.median(times["per_row"])
     print(
         f"{args.prompts} prompts x {args.n}, {args.new_tokens} new tokens, {torch.get_num_threads()} threads: "
         f"shared prefill {shared_s:.2f}s, per-row prefill {per_row_s:.2f}s, {per_row_s / shared_s:.2f}x"
