@@ -111,12 +111,17 @@ def negative_log_likelihood(
     return -(logprobs * weights).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
+def probed_states(hidden: jax.Array, positions: jax.Array) -> jax.Array:
+    """`hidden[b, positions[b]]` in float32: the state the probe reads in each row."""
+    return jnp.take_along_axis(hidden, positions[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+
+
 def probe_cross_entropy(
     probe: dict[str, jax.Array], hidden: jax.Array, positions: jax.Array, labels: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     """Mean cross-entropy and accuracy of the linear probe on `hidden[b, positions[b]]` against `labels[b]`, over
     the rows with a label (label -1: none)."""
-    states = jnp.take_along_axis(hidden, positions[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+    states = probed_states(hidden, positions)
     logits = states @ probe["kernel"] + probe["bias"]
     labelled = (labels >= 0).astype(jnp.float32)
     count = jnp.maximum(labelled.sum(), 1.0)
@@ -127,7 +132,7 @@ def probe_cross_entropy(
 def domain_state_overlap(hidden: jax.Array, positions: jax.Array, labels: jax.Array, classes: int) -> jax.Array:
     """Mean over pairs of distinct labels f != g present in the batch of cos(mu_f, mu_g)^2, mu_f the mean of
     `hidden[b, positions[b]]` over the rows labelled f (label -1: none); 0 with fewer than two labels present."""
-    states = jnp.take_along_axis(hidden, positions[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+    states = probed_states(hidden, positions)
     members = (labels[:, None] == jnp.arange(classes)[None, :]).astype(jnp.float32)  # [B, classes]
     counts = members.sum(axis=0)
     means = (members.T @ states) / jnp.maximum(counts, 1.0)[:, None]

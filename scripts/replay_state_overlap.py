@@ -32,9 +32,10 @@ from launch.flag_groups import sampling as sampling_flags
 from launch.flag_groups import teacher as teacher_flags
 from launch.loop_environment import TokenizedConductorEnv
 from launch.teachers import TeacherConfig, domain_labels, teacher_examples
+from models.logprobs import completion_predictors
 from rl.checkpoint import Checkpointer
 from rl.learner import Learner
-from rl.supervised import SFTConfig, SupervisedTrainer, domain_state_overlap
+from rl.supervised import SFTConfig, SupervisedTrainer, domain_state_overlap, probed_states
 
 _QUESTIONS = flags.DEFINE_integer("questions", 250, "Teacher examples to encode per checkpoint.")
 BATCH = 25
@@ -46,10 +47,11 @@ def decision_states(model, trainer: SupervisedTrainer, examples, pad_id: int) ->
     for start in range(0, len(examples), BATCH):
         chunk = examples[start : start + BATCH]
         batch = trainer.batch(chunk, pad_id)
-        hidden = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask))
-        # The state that predicts completion token i sits one column before it.
-        columns = np.array([batch.completion_start + e.probe_index - 1 for e in chunk])
-        states.append(np.asarray(hidden)[np.arange(len(chunk)), columns])
+        predicting = completion_predictors(
+            model, jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask),
+            batch.completion_start,
+        )
+        states.append(np.asarray(probed_states(predicting, jnp.asarray([e.probe_index for e in chunk]))))
         labels += [e.probe_label for e in chunk]
     return np.concatenate(states), np.array(labels)
 
