@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from models.logprobs import completion_predictors, token_logprobs
 from models.sharding import batch_sharding, shard_model
 from rl import row_selection
-from rl.losses import LossConfig, aggregation_weights, grpo_loss
+from rl.losses import LossConfig, aggregation_weights, domain_state_overlap, grpo_loss
 from rl.trajectories import Trajectories
 
 OldLogprobs = Literal["recompute", "sampler"]
@@ -194,9 +194,10 @@ class ModelRows:
     prompt_block: int = struct.field(pytree_node=False, default=1)
 
 
-def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: int, config):
-    """Log-probs and entropies [B, T], one row for each entry of `rows.source`. Columns before `completion_start`
-    carry no loss: they are 0, and their vocabulary logits are never computed."""
+def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: int, config, state_positions=None):
+    """Log-probs and entropies [B, T], one row for each entry of `rows.source`, and with `state_positions` ([B],
+    completion token indices) the float32 state that predicts that token in each row ([B, H]; else None). Columns
+    before `completion_start` carry no loss: they are 0, and their vocabulary logits are never computed."""
     model = nnx.merge(graphdef, params, other_state)
     predicting = completion_predictors(
         model, rows.tokens, rows.positions, rows.attention_mask, completion_start, rows.prompt_block
@@ -210,7 +211,10 @@ def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: i
         return_entropy=True,
         entropy_gradient=config.loss.entropy_coef > 0,
     )
-    return jax.tree.map(lambda x: jnp.pad(x[rows.source], ((0, 0), (completion_start, 0))), values)
+    logprobs, entropy = jax.tree.map(lambda x: jnp.pad(x[rows.source], ((0, 0), (completion_start, 0))), values)
+    if state_positions is None:
+        return logprobs, entropy, None
+    return logprobs, entropy, predicting[rows.source, state_positions].astype(jnp.float32)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config", "completion_start", "num_micro_batches"))
@@ -239,9 +243,19 @@ def _train_step(
     num_tokens = jnp.maximum(batch.loss_mask.sum(), 1).astype(jnp.float32)
     num_micro_batches = batch.batch_size // (config.micro_batch_size or batch.batch_size)
 
+    decorrelating = bool(config.loss.domain_decorrelation_coef)
+
     def micro_loss(params, micro: Trajectories, micro_rows: ModelRows, micro_weights, micro_ref):
-        logprobs, entropy = _forward(graphdef, params, other_state, micro_rows, micro.completion_start, config)
+        logprobs, entropy, states = _forward(
+            graphdef, params, other_state, micro_rows, micro.completion_start, config,
+            micro.route_positions if decorrelating else None,
+        )
         old_logprobs = jnp.where(on_policy, jax.lax.stop_gradient(logprobs), micro.old_logprobs)
+        state_overlap = None
+        if decorrelating:
+            # Rows a step leaves out of the loss (padding, dropped groups) leave the domains' means too.
+            labels = jnp.where(micro.loss_mask.any(axis=1), micro.domains, -1)
+            state_overlap = domain_state_overlap(states, labels) / num_micro_batches
         return grpo_loss(
             config.loss,
             logprobs=logprobs,
@@ -253,6 +267,7 @@ def _train_step(
             loss_mask=micro.loss_mask,
             token_weights=micro_weights,
             num_tokens=num_tokens,
+            state_overlap=state_overlap,
         )
 
     def micro_gradient(micro):
@@ -433,6 +448,11 @@ class Learner:
 
     def update(self, batch: Trajectories) -> dict[str, float]:
         """Optimise on `batch`; returns metrics averaged over this update's optimizer steps."""
+        if self.config.loss.domain_decorrelation_coef and batch.domains is None:
+            raise ValueError(
+                "the domain decorrelation term needs each row's domain and route position (Trajectories.domains, "
+                "route_positions)"
+            )
         rows = batch.batch_size
         mini_batches = self._mini_batches(batch)
         # Each step is padded only as far as its own longest prompt: one long question no longer makes every

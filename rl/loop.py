@@ -123,6 +123,9 @@ class LoopConfig:
     With `route_weighting="inverse_propensity"`, the advantage on each token that writes a worker id (the
     environment's `Rollout.route_tokens`) is weighted by the inverse of the sampler's probability of that token,
     self-normalised over the batch and capped at `route_weight_cap` (`rl.advantages.inverse_propensity_route_weights`).
+    When the learner's loss has the domain decorrelation term (`rl.losses.LossConfig.domain_decorrelation_coef`),
+    each row goes to it with its question's label (numbered in sorted order) and its first route token; a row
+    without route tokens has no domain.
     """
 
     iterations: int
@@ -251,6 +254,11 @@ class TrainingLoop:
             raise ValueError("stratify_questions needs an environment with question_strata (a label per question)")
         if config.estimator_options.get("std_scaling") == "stratum" and self._question_strata is None:
             raise ValueError("std_scaling='stratum' needs an environment with question_strata (a label per question)")
+        self._decorrelating = bool(learner.config.loss.domain_decorrelation_coef)
+        if self._decorrelating and self._question_strata is None:
+            raise ValueError(
+                "domain_decorrelation_coef needs an environment with question_strata (a label per question)"
+            )
         if config.questions_per_step % jax.process_count():
             raise ValueError(
                 f"questions_per_step {config.questions_per_step} does not split over {jax.process_count()} processes: "
@@ -375,6 +383,7 @@ class TrainingLoop:
                 group_ids,
                 pad_id=self.pad_id,
                 length_buckets=config.length_buckets,
+                **(self._decision_states(rows, strata) if self._decorrelating else {}),
             )
             if config.route_weighting == "inverse_propensity":
                 route_tokens = [s.rollouts[i].route_tokens for s, i in rows]
@@ -407,6 +416,15 @@ class TrainingLoop:
         )
         self._log(rounds, rewards_array, advantages, scalars)
         return scalars
+
+    def _decision_states(self, rows: list[tuple[_Sampled, int]], strata: np.ndarray) -> dict[str, list[int]]:
+        """Each row's domain (-1 without route tokens) and first route token, as `rl.trajectories.build` takes them."""
+        numbers = {label: index for index, label in enumerate(sorted(set(self._question_strata)))}
+        route_tokens = [s.rollouts[i].route_tokens for s, i in rows]
+        return {
+            "domains": [numbers[label] if tokens else -1 for label, tokens in zip(strata, route_tokens)],
+            "route_positions": [tokens[0] if tokens else 0 for tokens in route_tokens],
+        }
 
     def _recursion_round(self, rounds: list[_Sampled], times: dict[str, float]) -> bool:
         """Samples the next round: one completion for each row of the last round that the environment gave a follow-up

@@ -55,6 +55,11 @@ class LossConfig:
         with w = pi_learner_old / pi_sampler: "tis-token" multiplies each token by min(w_t, cap), "tis-seq" each
         sequence by min(prod_t w_t, cap) (truncated importance sampling, Yao et al. 2025); "mask-token" drops tokens
         with w_t outside [1/cap, cap], "mask-seq" drops sequences whose geometric-mean w is outside [1/cap, cap].
+    domain_decorrelation_coef: weight of `domain_state_overlap` (the mean squared cosine between the task domains'
+        mean states at the token that writes the first worker id) added to the loss. A policy-gradient update of a
+        worker's output row from one domain's rows moves every other domain's logit for that worker in proportion
+        to the dot product of their states; the term keeps those states apart while RL trains. Needs each row's
+        domain and route position (`Trajectories.domains`, `route_positions`).
     """
 
     policy_loss: str = "ppo"
@@ -68,6 +73,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     mismatch_correction: MismatchCorrection = "none"
     mismatch_cap: float = 2.0
+    domain_decorrelation_coef: float = 0.0
 
     def __post_init__(self) -> None:
         def check_choice(name: str, choices: tuple[str, ...]) -> None:
@@ -90,6 +96,8 @@ class LossConfig:
             raise ValueError(f"kl_coef and entropy_coef must be >= 0, got {self.kl_coef}, {self.entropy_coef}")
         if self.mismatch_cap <= 1.0:
             raise ValueError(f"LossConfig.mismatch_cap must be > 1, got {self.mismatch_cap}")
+        if not self.domain_decorrelation_coef >= 0.0:
+            raise ValueError(f"LossConfig.domain_decorrelation_coef must be >= 0, got {self.domain_decorrelation_coef}")
 
 
 def aggregation_weights(loss_mask: jax.Array, config: LossConfig) -> jax.Array:
@@ -128,6 +136,29 @@ def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: KLEstima
     if estimator.endswith("+"):
         return k2 - jax.lax.stop_gradient(k2) + jax.lax.stop_gradient(value)
     return value
+
+
+def probed_states(hidden: jax.Array, positions: jax.Array) -> jax.Array:
+    """`hidden[b, positions[b]]` in float32, [B, H]: one state of each row."""
+    return jnp.take_along_axis(hidden, positions[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+
+
+def domain_state_overlap(states: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean over pairs of distinct labels f != g among the rows of cos(mu_f, mu_g)^2, mu_f the mean of the states
+    [B, H] of the rows labelled f (label -1: none); 0 with fewer than two labels present.
+
+    Computed over rows, so no count of labels is needed: a pair of rows of domains f and g weighs 1 / (n_f n_g), so
+    every pair of domains counts once whatever its rows.
+    """
+    labelled = labels >= 0
+    same = ((labels[:, None] == labels[None, :]) & labelled[:, None]).astype(jnp.float32)  # [B, B]
+    counts = same.sum(axis=1)  # each labelled row's domain size, 0 for an unlabelled row
+    means = (same @ states) / jnp.maximum(counts, 1.0)[:, None]  # each row's domain mean
+    # An unlabelled row's mean is 0; the floor inside the root keeps its gradient finite (the norm's is not at 0).
+    unit = means * jax.lax.rsqrt(jnp.maximum(jnp.square(means).sum(axis=-1, keepdims=True), 1e-24))
+    inverse_counts = jnp.where(labelled, 1.0 / jnp.maximum(counts, 1.0), 0.0)
+    pair_weights = inverse_counts[:, None] * inverse_counts[None, :] * (1.0 - same)
+    return (jnp.square(unit @ unit.T) * pair_weights).sum() / jnp.maximum(pair_weights.sum(), 1.0)
 
 
 # -- policy losses: (logprobs, old_logprobs, advantages, loss_mask, config) -> (per-token loss [B, T], clip
@@ -236,12 +267,15 @@ def grpo_loss(
     loss_mask: jax.Array,
     token_weights: jax.Array,
     num_tokens: jax.Array,
+    state_overlap: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The whole objective on one micro-batch: (loss, metrics), each a sum over this micro-batch's tokens.
 
     `token_weights` come from `aggregation_weights` and `num_tokens` is the loss-token count, both of the whole
     mini-batch, so summing loss and metrics over micro-batches gives the mini-batch values exactly. Metrics other
-    than the loss parts are token means over the mini-batch.
+    than the loss parts are token means over the mini-batch. `state_overlap` (needed with
+    `domain_decorrelation_coef`) is `domain_state_overlap` over this micro-batch's rows divided by the mini-batch's
+    number of micro-batches, so the sum is the mean over its micro-batches (the whole mini-batch's without any).
     """
     # Padding positions may hold anything; zero them so no exp() there can overflow into inf * 0 = NaN.
     logprobs, entropy, old_logprobs, sampler_logprobs = (
@@ -261,6 +295,11 @@ def grpo_loss(
         per_token = per_token - config.entropy_coef * entropy
         parts["loss/entropy"] = -config.entropy_coef * jnp.sum(token_weights * entropy)
     loss = jnp.sum(token_weights * per_token)
+    if config.domain_decorrelation_coef:
+        if state_overlap is None:
+            raise ValueError("LossConfig.domain_decorrelation_coef needs the rows' state_overlap")
+        parts["loss/decorrelation"] = config.domain_decorrelation_coef * state_overlap
+        loss = loss + parts["loss/decorrelation"]
 
     def token_mean(values: jax.Array) -> jax.Array:
         return jnp.sum(jnp.where(loss_mask, values, 0.0)) / num_tokens
@@ -278,4 +317,6 @@ def grpo_loss(
     }
     if config.kl_coef:
         metrics["kl"] = token_mean(kl_penalty(logprobs, ref_logprobs, "k3"))
+    if config.domain_decorrelation_coef:
+        metrics["state_overlap"] = state_overlap
     return loss, metrics

@@ -36,6 +36,7 @@ from flax import nnx
 from models.logprobs import completion_predictors, token_logprobs
 from rl import trajectories
 from rl.learner import OptimizerConfig
+from rl.losses import domain_state_overlap, probed_states
 from rl.trajectories import Trajectories
 
 
@@ -111,11 +112,6 @@ def negative_log_likelihood(
     return -(logprobs * weights).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-def probed_states(hidden: jax.Array, positions: jax.Array) -> jax.Array:
-    """`hidden[b, positions[b]]` in float32: the state the probe reads in each row."""
-    return jnp.take_along_axis(hidden, positions[:, None, None], axis=1)[:, 0].astype(jnp.float32)
-
-
 def probe_cross_entropy(
     probe: dict[str, jax.Array], hidden: jax.Array, positions: jax.Array, labels: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
@@ -127,20 +123,6 @@ def probe_cross_entropy(
     count = jnp.maximum(labelled.sum(), 1.0)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0))
     return (loss * labelled).sum() / count, ((logits.argmax(-1) == labels) * labelled).sum() / count
-
-
-def domain_state_overlap(hidden: jax.Array, positions: jax.Array, labels: jax.Array, classes: int) -> jax.Array:
-    """Mean over pairs of distinct labels f != g present in the batch of cos(mu_f, mu_g)^2, mu_f the mean of
-    `hidden[b, positions[b]]` over the rows labelled f (label -1: none); 0 with fewer than two labels present."""
-    states = probed_states(hidden, positions)
-    members = (labels[:, None] == jnp.arange(classes)[None, :]).astype(jnp.float32)  # [B, classes]
-    counts = members.sum(axis=0)
-    means = (members.T @ states) / jnp.maximum(counts, 1.0)[:, None]
-    # An absent domain's mean is 0; the floor inside the root keeps its gradient finite (the norm's is not at 0).
-    unit = means * jax.lax.rsqrt(jnp.maximum(jnp.square(means).sum(axis=-1, keepdims=True), 1e-24))
-    present = (counts > 0).astype(jnp.float32)
-    pairs = present[:, None] * present[None, :] * (1.0 - jnp.eye(classes))
-    return (jnp.square(unit @ unit.T) * pairs).sum() / jnp.maximum(pairs.sum(), 1.0)
 
 
 class SupervisedTrainer:
@@ -170,7 +152,7 @@ class SupervisedTrainer:
             if probe is None:
                 return nll, {"nll": nll}
             probe_loss, probe_accuracy = probe_cross_entropy(probe, predicting, probe_indices, probe_labels)
-            overlap = domain_state_overlap(predicting, probe_indices, probe_labels, self.config.probe_classes)
+            overlap = domain_state_overlap(probed_states(predicting, probe_indices), probe_labels)
             parts = {"nll": nll, "probe_loss": probe_loss, "probe_accuracy": probe_accuracy, "state_overlap": overlap}
             loss = nll + self.config.probe_weight * probe_loss
             if self.config.decorrelation_weight:

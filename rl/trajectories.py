@@ -32,7 +32,9 @@ class Trajectories:
     """A pytree of arrays; per-token arrays are [batch, time], `group_ids` is [batch] (one prompt id per row).
 
     `old_logprobs` holds the learner's log-probs at sampling time; `build` fills it with the sampler's, and
-    `Learner.update` replaces it with its own before optimising.
+    `Learner.update` replaces it with its own before optimising. `domains` ([batch], -1: none) and `route_positions`
+    ([batch], the completion token that writes the row's first worker id) exist only for the domain decorrelation
+    term (`rl.losses.LossConfig.domain_decorrelation_coef`); padding rows carry domain -1.
     """
 
     tokens: jax.Array  # int32
@@ -43,6 +45,8 @@ class Trajectories:
     sampler_logprobs: jax.Array  # float32
     advantages: jax.Array  # float32, the sequence's advantage on each of its tokens
     group_ids: jax.Array  # int32 [batch]
+    domains: jax.Array | None = None  # int32 [batch]
+    route_positions: jax.Array | None = None  # int32 [batch]
     completion_start: int = struct.field(pytree_node=False, default=1)  # first column that may carry a loss
     length_buckets: tuple[int, ...] = struct.field(pytree_node=False, default=DEFAULT_LENGTH_BUCKETS)
 
@@ -70,7 +74,9 @@ class Trajectories:
             return self
         copies = self.rows(np.full(extra, self.batch_size - 1))
         copies = copies.replace(
-            loss_mask=np.zeros_like(copies.loss_mask), advantages=np.zeros_like(copies.advantages)
+            loss_mask=np.zeros_like(copies.loss_mask),
+            advantages=np.zeros_like(copies.advantages),
+            domains=None if copies.domains is None else np.full_like(copies.domains, -1),
         )
         return jax.tree.map(lambda mine, theirs: np.concatenate([mine, theirs]), self, copies)
 
@@ -105,7 +111,7 @@ class Trajectories:
         drop = self.length - length
         if drop <= 0:
             return self
-        # Every [batch, time] array loses the same columns; `group_ids` ([batch]) is untouched.
+        # Every [batch, time] array loses the same columns; the [batch] arrays are untouched.
         columns_dropped = jax.tree.map(lambda array: array[:, drop:] if array.ndim == 2 else array, self)
         return columns_dropped.replace(completion_start=self.completion_start - drop)
 
@@ -150,11 +156,15 @@ def build(
     pad_id: int,
     length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
     completion_buckets: Sequence[int] = DEFAULT_COMPLETION_BUCKETS,
+    domains=None,
+    route_positions=None,
 ) -> Trajectories:
     """Pad generator output into a `Trajectories` batch (numpy on the host; jit moves it to devices).
 
     prompt_ids[i], completion_ids[i] and sampler_logprobs[i] are row i's token ids and per-completion-token
-    log-probs exactly as the generator produced them; advantages[i] and group_ids[i] are per row.
+    log-probs exactly as the generator produced them; advantages[i] and group_ids[i] are per row. `domains` and
+    `route_positions` come together or not at all: a row's domain (-1: none) and, for a row with one, the index of
+    one of its completion tokens.
     """
     batch = len(prompt_ids)
     if batch == 0:
@@ -169,6 +179,25 @@ def build(
             raise ValueError(f"{name} must have shape ({batch},), got {values.shape}")
     if not np.all(np.isfinite(advantages)):
         raise ValueError("advantages must be finite")
+    if (domains is None) != (route_positions is None):
+        raise ValueError("domains and route_positions come together or not at all")
+    if domains is not None:
+        domains = np.asarray(domains, dtype=np.int32)
+        route_positions = np.asarray(route_positions, dtype=np.int32)
+        for name, values in (("domains", domains), ("route_positions", route_positions)):
+            if values.shape != (batch,):
+                raise ValueError(f"{name} must have shape ({batch},), got {values.shape}")
+        if (domains < -1).any():
+            raise ValueError(f"domains are >= 0, or -1 for none; got {sorted(set(domains.tolist()))}")
+        completion_lengths = np.array([len(c) for c in completion_ids])
+        outside = (domains >= 0) & ((route_positions < 0) | (route_positions >= completion_lengths))
+        if outside.any():
+            row = int(np.flatnonzero(outside)[0])
+            raise ValueError(
+                f"row {row}: route position {route_positions[row]} is outside its {completion_lengths[row]}-token "
+                "completion"
+            )
+        route_positions = np.where(domains >= 0, route_positions, 0).astype(np.int32)
     for row, (prompt, completion, logprobs) in enumerate(zip(prompt_ids, completion_ids, sampler_logprobs)):
         if not prompt:
             raise ValueError(f"row {row}: empty prompt (the first completion token needs a token to predict it)")
@@ -202,6 +231,8 @@ def build(
         sampler_logprobs=logprobs,
         advantages=np.where(loss_mask, advantages[:, None], 0.0).astype(np.float32),
         group_ids=group_ids,
+        domains=domains,
+        route_positions=route_positions,
         completion_start=prompt_width,
         length_buckets=tuple(sorted(length_buckets)),
     )

@@ -4,7 +4,7 @@
 
 For the run's own flagfile and logdir: the templates teacher's examples (one-step workflows, workers drawn uniformly,
 `--questions` of them, domains drawn as the warm-start draws them) are encoded by the Conductor of each checkpoint in
-`RUN_DIR/checkpoints`, and `rl.supervised.domain_state_overlap` (the mean over pairs of domains of the squared cosine
+`RUN_DIR/checkpoints`, and `rl.losses.domain_state_overlap` (the mean over pairs of domains of the squared cosine
 between their mean states at the token that writes the first worker id, the quantity `--sft_domain_decorrelation_weight`
 penalises) is printed per checkpoint over all examples at once, with the mean cosine between each state and its own
 domain's mean. The random initial Conductor (`conductor_init`) is the first row. Whether GRPO kept the warm-start's
@@ -35,7 +35,8 @@ from launch.teachers import TeacherConfig, domain_labels, teacher_examples
 from models.logprobs import completion_predictors
 from rl.checkpoint import Checkpointer
 from rl.learner import Learner
-from rl.supervised import SFTConfig, SupervisedTrainer, domain_state_overlap, probed_states
+from rl.losses import domain_state_overlap, probed_states
+from rl.supervised import SFTConfig, SupervisedTrainer
 
 _QUESTIONS = flags.DEFINE_integer("questions", 250, "Teacher examples to encode per checkpoint.")
 BATCH = 25
@@ -57,8 +58,7 @@ def decision_states(model, trainer: SupervisedTrainer, examples, pad_id: int) ->
 
 
 def report(name: str, states: np.ndarray, labels: np.ndarray, classes: int) -> None:
-    overlap = domain_state_overlap(jnp.asarray(states[:, None]), jnp.zeros(len(states), jnp.int32),
-                                   jnp.asarray(labels), classes)
+    overlap = domain_state_overlap(jnp.asarray(states), jnp.asarray(labels))
     unit = states / np.linalg.norm(states, axis=-1, keepdims=True)
     own = [unit[labels == f] @ (m := unit[labels == f].mean(0)) / np.linalg.norm(m) for f in range(classes)
            if (labels == f).any()]

@@ -32,6 +32,12 @@ _LOSS_FIELDS = {
         "Correction for sampler vs learner log-prob mismatch.",
     ),
     "mismatch_cap": flags.DEFINE_float("mismatch_cap", 2.0, "Cap of the mismatch importance weights."),
+    "domain_decorrelation_coef": flags.DEFINE_float(
+        "domain_decorrelation_coef", 0.0,
+        "Weight of the task domains' state overlap in the RL loss: the mean squared cosine between the domains' mean "
+        "states at the token that writes the first worker id, so one domain's routing update moves the others' less.",
+        lower_bound=0.0,
+    ),
 }
 _OPTIMIZER_FIELDS = {
     "learning_rate": flags.DEFINE_float("lr", 1e-6, "Peak learning rate (AdamW)."),

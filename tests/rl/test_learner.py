@@ -9,13 +9,14 @@ import pytest
 from flax import nnx
 
 from models.config import ModelConfig
+from models.logprobs import completion_predictors
 from models.sharding import make_mesh
 from models.transformer import Transformer
 from rl import advantages
 from rl.checkpoint import Checkpointer
 import rl.learner
 from rl.learner import Learner, LearnerConfig, OptimizerConfig
-from rl.losses import LossConfig
+from rl.losses import LossConfig, domain_state_overlap, probed_states
 from rl.trajectories import build
 from tests.rl.helpers import SGDConfig, assert_same_training_state
 from tests.tiny_models import tiny_config
@@ -379,6 +380,92 @@ def test_sharded_update_matches_single_device(make_batch):
     assert_same_training_state(sharded, single)
     kernel = sharded.model.layers[0].mlp.up_proj.kernel[...]
     assert len(kernel.sharding.device_set) == 4
+
+
+def _domain_batch(seed: int = 4):
+    """Four groups of four in domains 0, 1, 0, 2, one row of group 1 without a domain and the last two groups' rewards
+    all equal (a zero advantage, which no policy loss runs), each labelled row's route position inside its
+    completion."""
+    rng = np.random.default_rng(seed)
+    groups, group_size = 4, 4
+    rows = groups * group_size
+    prompts = [list(rng.integers(3, 250, size=length)) for length in rng.integers(3, 12, size=groups)]
+    completions = [list(rng.integers(3, 250, size=rng.integers(2, 9))) for _ in range(rows)]
+    sampler = [list(-rng.uniform(3.0, 8.0, size=len(c))) for c in completions]
+    group_ids = np.repeat(np.arange(groups), group_size)
+    rewards = np.array([0, 1, 0, 1, 1, 0, 0, 1] + [1] * 8, dtype=np.float64)
+    adv = advantages.compute("grpo", rewards, group_ids)
+    domains = np.repeat([0, 1, 0, 2], group_size)
+    domains[5] = -1
+    route_positions = np.array([rng.integers(0, len(c)) for c in completions])
+    return build([prompts[g] for g in group_ids], completions, sampler, adv, group_ids, pad_id=0,
+                 length_buckets=(32,), domains=domains, route_positions=route_positions)
+
+
+def _overlap_gradient(model, batch, rows: slice):
+    """The domains' state overlap of `batch`'s rows `rows`, and its gradient, from the model's full rows."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    part = batch.rows(rows)
+
+    def overlap(params):
+        predicting = completion_predictors(
+            nnx.merge(graphdef, params, rest), jnp.asarray(part.tokens), jnp.asarray(part.positions),
+            jnp.asarray(part.attention_mask), part.completion_start,
+        )
+        labels = np.where(np.asarray(part.loss_mask).any(axis=1), part.domains, -1)
+        return domain_state_overlap(probed_states(predicting, jnp.asarray(part.route_positions)), jnp.asarray(labels))
+
+    return jax.value_and_grad(overlap)(params)
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 8])
+def test_the_decorrelation_term_adds_the_domains_state_overlap_gradient_to_the_update(micro_batch_size):
+    batch = _domain_batch()
+    coef = 0.7
+
+    def learner(domain_decorrelation_coef: float) -> Learner:
+        config = LearnerConfig(
+            loss=LossConfig(domain_decorrelation_coef=domain_decorrelation_coef),
+            optimizer=SGDConfig(learning_rate=SGD_RATE, max_grad_norm=None), micro_batch_size=micro_batch_size,
+        )
+        return Learner(_model(), config)
+
+    plain, decorrelated = learner(0.0), learner(coef)
+    plain_metrics, metrics = plain.update(batch), decorrelated.update(batch)
+    # The silent groups carry no policy gradient, but their states are in the overlap: they run only with the term.
+    assert plain_metrics["skipped_rows"] == 0.5 and metrics["skipped_rows"] == 0.0
+    passes = [slice(0, 16)] if micro_batch_size is None else [slice(0, 8), slice(8, 16)]
+    references = [_overlap_gradient(_model(), batch, rows) for rows in passes]
+    expected_overlap = np.mean([float(value) for value, _ in references])
+    assert 1e-3 < expected_overlap < 1.0
+    np.testing.assert_allclose(metrics["state_overlap"], expected_overlap, rtol=1e-5)
+    np.testing.assert_allclose(metrics["loss/decorrelation"], coef * expected_overlap, rtol=1e-5)
+    expected_moves = jax.tree.leaves(
+        jax.tree.map(lambda *grads: -SGD_RATE * coef * sum(grads) / len(grads), *[g for _, g in references])
+    )
+    largest = max(float(np.abs(move).max()) for move in expected_moves)
+    assert largest > 1e-4
+    for got, without, move in zip(_params_of(decorrelated), _params_of(plain), expected_moves):
+        np.testing.assert_allclose(got - without, np.asarray(move), rtol=0, atol=1e-3 * largest)
+
+
+def test_a_sharded_decorrelated_update_matches_one_device():
+    config = LearnerConfig(
+        loss=LossConfig(domain_decorrelation_coef=0.7), optimizer=SGDConfig(learning_rate=SGD_RATE, momentum=0.9),
+        micro_batch_size=8,
+    )
+    single = Learner(_model(), config)
+    sharded = Learner(_model(), config, mesh=make_mesh(fsdp=2, tp=2))
+    for _ in range(2):
+        single_metrics, sharded_metrics = single.update(_domain_batch()), sharded.update(_domain_batch())
+    np.testing.assert_allclose(sharded_metrics["state_overlap"], single_metrics["state_overlap"], rtol=1e-5)
+    assert_same_training_state(sharded, single)
+
+
+def test_the_decorrelation_term_refuses_a_batch_without_domains():
+    learner = Learner(_model(), LearnerConfig(loss=LossConfig(domain_decorrelation_coef=0.5)))
+    with pytest.raises(ValueError, match="domain and route position"):
+        learner.update(_random_batch(0))
 
 
 def test_reference_model_exists_only_with_kl():

@@ -182,6 +182,39 @@ def test_inverse_propensity_route_weighting_scales_the_route_tokens_advantage_al
     assert all(0.0 < h["advantage/route_weight_max"] <= 2.0 for h in history)
 
 
+class RoutedAtTheSecondToken(ParityWorld):
+    """The route is written by the second completion token, when it is not a multiple of 3 (else no route)."""
+
+    def score(self, questions, completions, contexts, sample_ids):
+        rollouts = super().score(questions, completions, contexts, sample_ids)
+        return [
+            dataclasses.replace(rollout, route_tokens=(1,) if len(completion) > 1 and completion[1] % 3 else ())
+            for rollout, completion in zip(rollouts, completions)
+        ]
+
+
+def test_with_the_decorrelation_term_each_row_reaches_the_learner_with_its_domain_and_route_token():
+    world = RoutedAtTheSecondToken(num_questions=6, question_strata=("y", "x", "z", "x", "y", "z"))
+    model = Transformer(ModelConfig.from_hf(tiny_config("llama")), rngs=nnx.Rngs(0))
+    learner = RecordingLearner(model, LearnerConfig(loss=LossConfig(domain_decorrelation_coef=0.5)))
+    loop, _ = make_loop(world, iterations=3, learner=learner, stratify_questions=True)
+    history = loop.run()
+    routed = unrouted = 0
+    for batch in learner.batches:
+        questions = np.asarray(batch.tokens)[:, batch.completion_start - 1] - 3
+        second = np.asarray(batch.tokens)[:, batch.completion_start + 1]
+        has_route = np.asarray(batch.loss_mask).sum(axis=1) > 1
+        has_route &= second % 3 != 0
+        expected = np.where(has_route, ["xyz".index(world.question_strata[q]) for q in questions], -1)
+        np.testing.assert_array_equal(batch.domains, expected)
+        np.testing.assert_array_equal(np.asarray(batch.route_positions)[has_route], 1)
+        routed, unrouted = routed + int(has_route.sum()), unrouted + int((~has_route).sum())
+    assert routed > 0 and unrouted > 0
+    assert all(np.isfinite(h["learner/state_overlap"]) for h in history)
+    with pytest.raises(ValueError, match="domain_decorrelation_coef needs an environment with question_strata"):
+        make_loop(RoutedAtTheSecondToken(), learner=learner)
+
+
 def test_loop_config_refuses_an_unknown_route_weighting_and_a_cap_below_one():
     with pytest.raises(ValueError, match="unknown LoopConfig.route_weighting 'uniform'"):
         LoopConfig(iterations=1, route_weighting="uniform")

@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 
 from rl import losses
-from rl.losses import Aggregation, LossConfig, aggregation_weights, grpo_loss, kl_penalty, mismatch_weights
+from rl.losses import (
+    Aggregation,
+    LossConfig,
+    aggregation_weights,
+    domain_state_overlap,
+    grpo_loss,
+    kl_penalty,
+    mismatch_weights,
+    probed_states,
+)
 
 BATCH, TIME = 6, 9
 
@@ -153,6 +162,31 @@ def test_mismatch_corrections_actually_change_weights():
         assert np.any(active != 1.0) and np.all(active >= 0.0), kind
 
 
+def test_the_decorrelation_term_adds_its_weighted_overlap_to_the_loss_and_logs_it():
+    data = _inputs(2)
+    plain_loss, plain_metrics = _jax_objective(LossConfig(), data)
+    config = LossConfig(domain_decorrelation_coef=0.5)
+    mask = jnp.asarray(data["loss_mask"])
+    loss, metrics = grpo_loss(
+        config,
+        logprobs=jnp.asarray(data["logprobs"]), entropy=jnp.asarray(data["entropy"]),
+        old_logprobs=jnp.asarray(data["old_logprobs"]), sampler_logprobs=jnp.asarray(data["sampler_logprobs"]),
+        ref_logprobs=None,
+        advantages=jnp.broadcast_to(jnp.asarray(data["advantages"], jnp.float32)[:, None], mask.shape),
+        loss_mask=mask, token_weights=aggregation_weights(mask, config), num_tokens=mask.sum().astype(jnp.float32),
+        state_overlap=jnp.float32(0.3),
+    )
+    np.testing.assert_allclose(float(loss), float(plain_loss) + 0.15, rtol=1e-6)
+    assert float(metrics["loss/decorrelation"]) == pytest.approx(0.15)
+    assert float(metrics["state_overlap"]) == pytest.approx(0.3)
+    assert float(metrics["loss/policy"]) == pytest.approx(float(plain_metrics["loss/policy"]))
+    with pytest.raises(ValueError, match="state_overlap"):
+        grpo_loss(
+            config, logprobs=mask * 0.0, entropy=mask * 0.0, old_logprobs=mask * 0.0, sampler_logprobs=mask * 0.0,
+            ref_logprobs=None, advantages=mask * 0.0, loss_mask=mask, token_weights=mask * 0.0, num_tokens=1.0,
+        )
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_micro_batch_sums_equal_whole_batch(name):
     config = CONFIGS[name]
@@ -230,6 +264,8 @@ def test_clip_fraction_metrics_count_clipped_tokens():
         (dict(aggregation="seq-mean-token-sum-norm"), "norm_length"),
         (dict(kl_coef=-1.0), "kl_coef"),
         (dict(mismatch_cap=1.0), "mismatch_cap"),
+        (dict(domain_decorrelation_coef=-0.1), "domain_decorrelation_coef"),
+        (dict(domain_decorrelation_coef=float("nan")), "domain_decorrelation_coef"),
     ],
 )
 def test_bad_config_is_rejected(changes, message):
@@ -272,3 +308,30 @@ def test_the_zero_advantage_check_fails_for_a_loss_with_a_term_not_proportional_
     monkeypatch.setitem(losses.POLICY_LOSSES, "ppo-length-penalty", ppo_with_a_length_penalty)
     with pytest.raises(AssertionError, match="a zero-advantage row has a gradient"):
         assert_a_zero_advantage_row_has_no_gradient(LossConfig(policy_loss="ppo-length-penalty"))
+
+
+def test_domain_state_overlap_is_the_mean_squared_cosine_between_the_domains_mean_states():
+    rng = np.random.default_rng(3)
+    hidden = rng.normal(size=(7, 5, 6)).astype(np.float32)
+    positions = np.array([0, 4, 2, 1, 3, 0, 2])
+    labels = np.array([0, 0, 2, -1, 2, 3, 3])  # domain 1 absent, one row unlabelled
+    states = hidden[np.arange(7), positions]
+    means = {f: states[labels == f].mean(axis=0) for f in (0, 2, 3)}
+    cosines = [
+        means[f] @ means[g] / (np.linalg.norm(means[f]) * np.linalg.norm(means[g]))
+        for f in means for g in means if f != g
+    ]
+    probed = probed_states(jnp.asarray(hidden), jnp.asarray(positions))
+    np.testing.assert_array_equal(np.asarray(probed), states)
+    overlap = domain_state_overlap(probed, jnp.asarray(labels))
+    np.testing.assert_allclose(float(overlap), np.mean(np.square(cosines)), rtol=1e-5)
+    # Pairs of domains count once each, however many rows a domain has.
+    repeated = np.concatenate([np.arange(7), np.flatnonzero(labels == 0).repeat(5)])
+    repeated_overlap = domain_state_overlap(probed[repeated], jnp.asarray(labels[repeated]))
+    np.testing.assert_allclose(float(repeated_overlap), np.mean(np.square(cosines)), rtol=1e-5)
+    assert float(domain_state_overlap(probed, jnp.asarray([1] * 7))) == 0.0
+    assert float(domain_state_overlap(probed, jnp.asarray([-1] * 7))) == 0.0
+    # An unlabelled row's domain mean is 0: the overlap's gradient must stay finite there.
+    gradient = jax.grad(domain_state_overlap)(probed, jnp.asarray(labels))
+    assert np.isfinite(np.asarray(gradient)).all() and np.abs(np.asarray(gradient)).max() > 0
+    assert not np.asarray(gradient)[labels == -1].any()

@@ -11,7 +11,6 @@ from rl.supervised import (
     Example,
     SFTConfig,
     SupervisedTrainer,
-    domain_state_overlap,
     negative_log_likelihood,
     probe_cross_entropy,
 )
@@ -136,26 +135,6 @@ def test_the_probe_gradient_reaches_the_model_only_when_the_probe_is_on():
     plain_params = jax.tree.leaves(nnx.state(plain.model, nnx.Param))
     probed_params = jax.tree.leaves(nnx.state(probed.model, nnx.Param))
     assert any(not np.allclose(a, b) for a, b in zip(plain_params, probed_params))
-
-
-def test_domain_state_overlap_is_the_mean_squared_cosine_between_the_domains_mean_states():
-    rng = np.random.default_rng(3)
-    hidden = rng.normal(size=(7, 5, 6)).astype(np.float32)
-    positions = np.array([0, 4, 2, 1, 3, 0, 2])
-    labels = np.array([0, 0, 2, -1, 2, 3, 3])  # domain 1 absent, one row unlabelled
-    states = hidden[np.arange(7), positions]
-    means = {f: states[labels == f].mean(axis=0) for f in (0, 2, 3)}
-    cosines = [
-        means[f] @ means[g] / (np.linalg.norm(means[f]) * np.linalg.norm(means[g]))
-        for f in means for g in means if f != g
-    ]
-    overlap = domain_state_overlap(jnp.asarray(hidden), jnp.asarray(positions), jnp.asarray(labels), classes=4)
-    np.testing.assert_allclose(float(overlap), np.mean(np.square(cosines)), rtol=1e-5)
-    one_domain = domain_state_overlap(jnp.asarray(hidden), jnp.asarray(positions), jnp.asarray([1] * 7), classes=4)
-    assert float(one_domain) == 0.0
-    # A domain absent from the batch has a zero mean: the overlap's gradient must stay finite there.
-    gradient = jax.grad(domain_state_overlap)(jnp.asarray(hidden), jnp.asarray(positions), jnp.asarray(labels), 4)
-    assert np.isfinite(np.asarray(gradient)).all() and np.abs(np.asarray(gradient)).max() > 0
 
 
 def test_decorrelation_drives_the_domains_decision_states_apart_and_the_loss_leaves_them_shared_without_it():

@@ -123,6 +123,28 @@ def test_prompt_block_is_the_largest_aligned_run_of_one_prompt(prompts, rows_per
         batch.prompt_block_size(3)
 
 
+def test_domains_and_route_positions_ride_with_their_rows_and_padding_rows_have_no_domain():
+    batch = build(
+        prompt_ids=[[5, 6, 7], [8], [9, 9]],
+        completion_ids=[[9, 10], [11, 12, 13, 14], [15]],
+        sampler_logprobs=[[-0.5, -1.5], [-0.1, -0.2, -0.3, -0.4], [-0.7]],
+        advantages=[1.0, -2.0, 0.5],
+        group_ids=[3, 3, 4],
+        pad_id=0,
+        length_buckets=(8, 16),
+        completion_buckets=(4, 8),
+        domains=[2, 0, -1],
+        route_positions=[1, 3, 7],  # a row without a domain may name any position; it is read as 0
+    )
+    np.testing.assert_array_equal(batch.domains, [2, 0, -1])
+    np.testing.assert_array_equal(batch.route_positions, [1, 3, 0])
+    np.testing.assert_array_equal(batch.rows(np.array([1, 0])).domains, [0, 2])
+    padded = batch.rows(slice(0, 2)).padded(4)
+    np.testing.assert_array_equal(padded.domains, [2, 0, -1, -1])
+    np.testing.assert_array_equal(padded.route_positions, [1, 3, 3, 3])
+    assert _example().domains is None and _example().padded(3).domains is None
+
+
 def test_lengths_snap_to_buckets():
     assert bucket_length(5, (4, 8, 16)) == 8
     assert bucket_length(8, (16, 8)) == 8
@@ -140,6 +162,12 @@ def test_lengths_snap_to_buckets():
         (dict(advantages=[1.0, np.inf]), "finite"),
         (dict(group_ids=[[3, 3]]), "group_ids"),
         (dict(length_buckets=(4,)), "largest length bucket"),
+        (dict(domains=[0, 1]), "together"),
+        (dict(route_positions=[0, 1]), "together"),
+        (dict(domains=[0, 1, 1], route_positions=[0, 1, 1]), "domains must have shape"),
+        (dict(domains=[0, -2], route_positions=[0, 1]), "domains are >= 0"),
+        (dict(domains=[0, 1], route_positions=[2, 1]), "row 0: route position 2 is outside its 2-token completion"),
+        (dict(domains=[0, 1], route_positions=[0, -1]), "row 1: route position -1"),
     ],
 )
 def test_bad_input_is_rejected(changes, message):
