@@ -14,12 +14,13 @@ where every domain sees the same routing logits; the probe makes the state carry
 student imitates stays uniform.
 
 Optional decorrelation of the probed states (`decorrelation_weight`): the mean squared cosine between the mean states
-of every two domains in the batch (`domain_state_overlap`), added to the loss. GRPO's update of a route's output row
-from one domain's completions moves another domain's logit for that route in proportion to the dot product of their
-states, so a shared direction carries one domain's routing into the others (`scripts/replay_spillover_model.py`, rho);
-orthogonal domain states keep that channel's push within its domain. The layers below the output rows are still
-shared, and the state that predicts a worker id for every domain is itself a shared direction, so the penalty also
-makes the format harder to keep.
+of every two domains in the batch (`rl.losses.domain_state_overlap`), added to the loss. GRPO's update of a route's
+output row from one domain's completions moves another domain's logit for that route in proportion to the dot product
+of their states, so a shared direction carries one domain's routing into the others
+(`scripts/replay_spillover_model.py`, rho); orthogonal domain states keep that channel's push within its domain. The
+layers below the output rows are still shared, and the state that predicts a worker id for every domain is itself a
+shared direction, so the penalty also makes the format harder to keep. GRPO rebuilds the overlap unless the same term
+stays in its loss (`rl.losses.LossConfig.domain_decorrelation_coef`).
 """
 
 from __future__ import annotations
