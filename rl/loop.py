@@ -249,6 +249,11 @@ class TrainingLoop:
         self.policy_version = 0
         self.rng_key = jax.random.key(config.seed)
         self._next_sample_id = 0
+        if config.questions_per_step % jax.process_count():
+            raise ValueError(
+                f"questions_per_step {config.questions_per_step} does not split over {jax.process_count()} processes: "
+                "each process samples an equal share of every iteration's questions; choose a multiple"
+            )
         self._question_strata = getattr(environment, "question_strata", None)
         if config.stratify_questions and self._question_strata is None:
             raise ValueError("stratify_questions needs an environment with question_strata (a label per question)")
@@ -258,11 +263,6 @@ class TrainingLoop:
         if self._decorrelating and self._question_strata is None:
             raise ValueError(
                 "domain_decorrelation_coef needs an environment with question_strata (a label per question)"
-            )
-        if config.questions_per_step % jax.process_count():
-            raise ValueError(
-                f"questions_per_step {config.questions_per_step} does not split over {jax.process_count()} processes: "
-                "each process samples an equal share of every iteration's questions; choose a multiple"
             )
 
     # -- state --------------------------------------------------------------------------------------------------
