@@ -246,6 +246,9 @@ def serve(server_args, out_dir: pathlib.Path) -> None:
     http_server.app.add_api_route("/conformance/log", conformance_log, methods=["GET"])
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
+    # Listening before the URL is printed: a client that connects before uvicorn starts accepting waits in the
+    # backlog instead of being refused (which a loaded machine showed).
+    listener.listen()
     server = uvicorn.Server(uvicorn.Config(http_server.app, lifespan="off", log_level="warning"))
     print(json.dumps({"url": f"http://127.0.0.1:{listener.getsockname()[1]}"}), flush=True)
     server.run(sockets=[listener])
