@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -12,6 +15,54 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _start_jax_with_unoptimised_codegen() -> None:
+    """Starts this process's CPU backend with LLVM's optimisation off, then restores XLA_FLAGS.
+
+    The suite compiles hundreds of small programs that then run for milliseconds, so compiling is most of its time and
+    LLVM's passes most of compiling. XLA reads XLA_FLAGS once, when the backend starts; the restored value is what the
+    subprocesses the tests start (`launch.train` as a user runs it) inherit, so they keep XLA's default codegen, under
+    which their longer runs are faster. Unoptimised codegen keeps each operation's float semantics (no fast-math,
+    no reassociation), so the values tests compare are the same."""
+    flags = os.environ["XLA_FLAGS"]
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0"
+    try:
+        import jax
+
+        jax.devices()
+    finally:
+        os.environ["XLA_FLAGS"] = flags
+
+
+def _share_compiled_programs() -> None:
+    """One persistent compilation cache for this test run: many tests compile the same programs (the same tiny
+    models and shapes through new jit wrappers), and the training runs they start in subprocesses the same steps.
+    The first process to get here (pytest's, or its xdist controller) makes the directory and removes it at exit; the
+    xdist workers and subprocesses inherit it through the environment. A run starts empty, so CI measures a cold
+    machine."""
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        directory = tempfile.mkdtemp(prefix="jax-compilation-cache-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+_share_compiled_programs()
+_start_jax_with_unoptimised_codegen()
+
+GIB = 1 << 30
+# A worker's process grows to 8 GiB over the suite (freed host memory stays mapped), and a training run it starts
+# holds 2-3 GiB more.
+WORKER_MEMORY = 10 * GIB
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core this process may use, as many as the available memory holds."""
+    cores = len(os.sched_getaffinity(0))
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        available_kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
+    return max(1, min(cores, available_kib * 1024 // WORKER_MEMORY))
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +80,9 @@ def sglang_site():
         pytest.skip(
             f"SGLang conformance tests need sglang=={sglang_package.SGLANG_VERSION} from the package index: {error}"
         )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow tests first: the workers start the minutes-long files together and end on short ones, instead of one
+    worker running a long file alone at the end. The sort is stable, so each file keeps its order."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
