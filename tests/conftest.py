@@ -83,6 +83,6 @@ def sglang_site():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Slow tests first: the workers start the minutes-long files together and end on short ones, instead of one
-    worker running a long file alone at the end. The sort is stable, so each file keeps its order."""
+    """Slow tests first, so the minutes-long files start before the short ones rather than after them. The sort is
+    stable: the slow tests keep their order among themselves, and so do the rest."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
