@@ -27,8 +27,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 # metrics.jsonl record per iteration, checkpoints every 2 iterations (checkpoints/<step>), resumes from the latest one
 # dropping the metrics logged past it, prints its summary as the last stdout line. A fresh start into a directory
 # that holds metrics exits 3, so a test sees the duplicates launch.train would have appended. `DIE_AT` in the
-# environment, "<estimator>:<seed>:<iteration>", SIGKILLs that run once it has logged that iteration. Every start
-# and end is appended to `EVENTS`.
+# environment, "<estimator>:<seed>:<iteration>", SIGKILLs that run once it has logged that iteration; `HOLD`,
+# "<estimator>:<seed>", keeps that run from ending before the DIE_AT run is dead, so which runs overlap the failure
+# does not depend on how fast the machine starts processes. Every start and end is appended to `EVENTS`.
 FAKE_TRAIN = textwrap.dedent('''
     import json, os, pathlib, signal, sys, time
     args = dict(arg[2:].split("=", 1) for arg in sys.argv[1:])
@@ -48,6 +49,10 @@ FAKE_TRAIN = textwrap.dedent('''
     if start:
         kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= start]
         metrics.write_text("".join(line + "\\n" for line in kept))
+    died = pathlib.Path(os.environ["EVENTS"] + ".died")
+    if os.environ.get("HOLD") == f"{estimator}:{seed}":
+        while not died.exists():
+            time.sleep(0.01)
     for step in range(start + 1, iterations + 1):
         time.sleep(0.05)
         with open(metrics, "a") as f:
@@ -55,6 +60,7 @@ FAKE_TRAIN = textwrap.dedent('''
         if step % 2 == 0:
             (checkpoints / str(step)).mkdir(parents=True, exist_ok=True)
         if os.environ.get("DIE_AT") == f"{estimator}:{seed}:{step}":
+            died.touch()
             os.kill(os.getpid(), signal.SIGKILL)
     events.write(json.dumps({"event": "end", "run": f"{estimator}:{seed}", "time": time.time()}) + "\\n")
     print("iter lines go to stderr in launch.train; this one is not the summary")
@@ -273,9 +279,10 @@ def test_a_killed_comparison_picks_up_where_it_stopped(tmp_path, fake_train, mon
     starter, events = fake_train
     sweep = compare.Sweep("estimator", ("grpo", "rloo"))
     runs = compare.plan(sweep, [0, 1, 2], tmp_path / "out")
-    # Seed 1 of rloo dies after iteration 5 (checkpoint at 4); grpo seed 1 runs beside it and finishes; nothing
-    # after them starts.
+    # Seed 1 of rloo dies after iteration 5 (checkpoint at 4); grpo seed 1 runs beside it and finishes after it;
+    # nothing after them starts.
     monkeypatch.setenv("DIE_AT", "rloo:1:5")
+    monkeypatch.setenv("HOLD", "grpo:1")
     with pytest.raises(compare.RunFailed, match=r"estimator=rloo/seed=1: exit status -9.*2 runs not started"):
         compare.execute(runs, "estimator", starter([]), parallel=2, log=lambda line: None, poll_s=0.02)
     assert [compare.is_finished(run) for run in runs] == [True, True, True, False, False, False]
@@ -286,6 +293,7 @@ def test_a_killed_comparison_picks_up_where_it_stopped(tmp_path, fake_train, mon
     (runs[4].logdir).mkdir(parents=True)
     (runs[4].logdir / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.1}\n')
     monkeypatch.delenv("DIE_AT")
+    monkeypatch.delenv("HOLD")
     log: list[str] = []
     compare.execute(runs, "estimator", starter([]), parallel=2, log=log.append, poll_s=0.02)
     assert all(compare.is_finished(run) for run in runs)
