@@ -82,35 +82,9 @@ def sglang_site():
         )
 
 
-# Files whose tests start `launch.train` runs in subprocesses, each run using every core. Two at once on two workers
-# each take about twice as long, so one worker runs them all, one after another, while the others run the tests that
-# compute in their own process.
-TRAINING_RUN_FILES = frozenset(
-    {"tests/launch/test_train_e2e.py", "tests/launch/test_multihost.py", "tests/launch/test_compare.py"}
-)
-TRAINING_RUNS_SCOPE = "training runs: " + ", ".join(sorted(TRAINING_RUN_FILES))
-
-
-def _file_of(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
-
-
 def pytest_collection_modifyitems(config, items):
-    """The training-run files first, then the other slow tests, then the rest, so the minutes-long work starts before
-    the short tests rather than after them. The sort is stable: each part keeps its order."""
-    items.sort(key=lambda item: (_file_of(item.nodeid) not in TRAINING_RUN_FILES,
-                                 item.get_closest_marker("slow") is None))
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile` (pyproject's addopts), except that the training-run files are one unit of work, run by one
-    worker. Other `--dist` modes keep xdist's own scheduler."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class TrainingRunsOnOneWorker(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return TRAINING_RUNS_SCOPE if _file_of(nodeid) in TRAINING_RUN_FILES else _file_of(nodeid)
-
-    return TrainingRunsOnOneWorker(config, log)
+    """Slow tests first, so the minutes-long files start before the short ones rather than after them. The sort is
+    stable: the slow tests keep their order among themselves, and so do the rest. Under `--dist loadfile` the workers
+    take files in this order only with `--no-loadscope-reorder` (pyproject's addopts); xdist's default hands out the
+    files with the most tests first, which put the few-test, minutes-long files last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
