@@ -28,8 +28,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 # dropping the metrics logged past it, prints its summary as the last stdout line. A fresh start into a directory
 # that holds metrics exits 3, so a test sees the duplicates launch.train would have appended. `DIE_AT` in the
 # environment, "<estimator>:<seed>:<iteration>", SIGKILLs that run once it has logged that iteration; `HOLD`,
-# "<estimator>:<seed>", keeps that run from ending before the DIE_AT run is dead, so which runs overlap the failure
-# does not depend on how fast the machine starts processes. Every start and end is appended to `EVENTS`.
+# "<estimator>:<seed>", keeps that run from ending before the DIE_AT run is dead (exit 4 if it is not dead within
+# 2 minutes), so which runs overlap the failure does not depend on how fast the machine starts processes. Every start
+# and end is appended to `EVENTS`.
 FAKE_TRAIN = textwrap.dedent('''
     import json, os, pathlib, signal, sys, time
     args = dict(arg[2:].split("=", 1) for arg in sys.argv[1:])
@@ -51,7 +52,10 @@ FAKE_TRAIN = textwrap.dedent('''
         metrics.write_text("".join(line + "\\n" for line in kept))
     died = pathlib.Path(os.environ["EVENTS"] + ".died")
     if os.environ.get("HOLD") == f"{estimator}:{seed}":
+        deadline = time.time() + 120
         while not died.exists():
+            if time.time() > deadline:
+                sys.exit(4)
             time.sleep(0.01)
     for step in range(start + 1, iterations + 1):
         time.sleep(0.05)
