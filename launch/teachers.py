@@ -1,9 +1,11 @@
 """The warm-start's teachers: where its supervised targets come from.
 
 `templates`: template workflows (single worker, plan -> solve -> verify, fan-out + aggregate) with workers drawn
-uniformly, so the student writes valid workflows and routes at random. `rollouts`: rejection-sampling fine-tuning on
-the high-reward completions a training run logged to its rollouts.jsonl. `world`: rejection-sampling fine-tuning
-against the world itself, template workflows executed and graded now, each weighted by its grade (`world_examples`).
+uniformly, so the student writes valid workflows and routes at random; with `all_routes`, each drawn question's
+template is written once per pool worker instead, so its routing target is exactly uniform. `rollouts`:
+rejection-sampling fine-tuning on the high-reward completions a training run logged to its rollouts.jsonl. `world`:
+rejection-sampling fine-tuning against the world itself, template workflows executed and graded now, each weighted
+by its grade (`world_examples`).
 With a domain probe, each example is labelled with its question's domain at the first worker id it writes.
 """
 
@@ -31,7 +33,8 @@ class TeacherConfig:
     from (`env.policies.TEMPLATES`); the rollouts teacher keeps the first-round completions of the run log
     `rollouts` with a reward of at least `min_reward`; the world teacher weights each route by `world_weights`
     (`route_weights`) and, with `stratify_questions`, draws the task domains in turn. `reasoning="domain"` opens each
-    template's reasoning line with the question's task domain (`with_reasoning`)."""
+    template's reasoning line with the question's task domain (`with_reasoning`). `all_routes` makes the templates
+    teacher write each drawn question's template once per pool worker (`template_examples`)."""
 
     teacher: Teacher = "templates"
     templates: tuple[str, ...] = DEFAULT_TEMPLATES
@@ -40,6 +43,7 @@ class TeacherConfig:
     world_weights: RouteWeighting = "grade"
     stratify_questions: bool = False
     reasoning: Reasoning = "template"
+    all_routes: bool = False
 
     def __post_init__(self) -> None:
         if self.teacher not in get_args(Teacher):
@@ -55,6 +59,11 @@ class TeacherConfig:
             raise ValueError(f"unknown reasoning {self.reasoning!r}; expected one of {get_args(Reasoning)}")
         if self.teacher == "rollouts" and not self.rollouts:
             raise ValueError("--sft_teacher=rollouts needs --sft_rollouts")
+        if self.all_routes and self.teacher != "templates":
+            raise ValueError(
+                f"--sft_all_routes is for the templates teacher; the {self.teacher} teacher's routes come from "
+                + ("the world, which writes every route already" if self.teacher == "world" else "the run log")
+            )
 
 
 def teacher_examples(
@@ -109,6 +118,12 @@ def template_examples(
 ) -> list[Example]:
     """`count` (prompt, uniformly routed template workflow) pairs over the world's questions.
 
+    With `config.all_routes`, about `count` pairs from `count / pool size` questions, each question's template written
+    once with every pool worker as its final step, in consecutive examples (the trainer batches them whole). Drawn
+    workers fit, besides the format, whatever chance ties their draws to the questions' features, so the warm-started
+    routing leans towards some workers family by family before RL has seen a grade; every route of a question in
+    equal weight has one optimum, uniform routing on every question.
+
     With recursion rounds (`--recursion_rounds` N), each example's round is drawn uniformly from the N + 1, so the
     student learns the format of every prompt an episode shows it: a later round's prompt follows a template
     workflow run in the world, and its target is a new template workflow or, half the time, the three empty lists
@@ -117,6 +132,17 @@ def template_examples(
     access_mode = environment.env.config.access_mode
     rounds = environment.env.config.recursion_rounds
     labels = domain_labels(environment) if probe else None
+    if config.all_routes:
+        if rounds:
+            raise ValueError("--sft_all_routes writes first-round workflows only; it does not combine with recursion")
+        examples = []
+        for _ in range(-(-count // pool_size)):
+            question = rng.randrange(environment.num_questions)
+            workflow = with_reasoning(random_template(pool_size, rng, config.templates), environment, question, config)
+            for route in every_final_worker(workflow, pool_size):
+                ids = completion_ids(environment.tokenizer, "\n" + render_workflow(route, access_mode))
+                examples.append(make_example(environment, question, ids, labels))
+        return examples
     examples, earlier_rounds, targets = [], [], []
     for _ in range(count):
         question = rng.randrange(environment.num_questions)
@@ -178,11 +204,9 @@ def world_examples(
     questions, completions = [], []
     for question in question_order(environment.num_questions, rng.randrange(2**31), 0, -(-count // pool_size), strata):
         workflow = with_reasoning(random_template(pool_size, rng, config.templates), environment, question, config)
-        for final in range(pool_size):
-            steps = (*workflow.steps[:-1], dataclasses.replace(workflow.steps[-1], worker=final))
-            text = "\n" + render_workflow(dataclasses.replace(workflow, steps=steps), access_mode)
+        for route in every_final_worker(workflow, pool_size):
             questions.append(question)
-            completions.append(completion_ids(environment.tokenizer, text))
+            completions.append(completion_ids(environment.tokenizer, "\n" + render_workflow(route, access_mode)))
     rollouts = environment.score(questions, completions, [None] * len(questions), range(len(questions)))
     grades = [rollout.metrics["correct"] for rollout in rollouts]
     weights = [
@@ -195,6 +219,15 @@ def world_examples(
     return [
         dataclasses.replace(make_example(environment, question, ids, labels), weight=weight)
         for question, ids, weight in zip(questions, completions, weights)
+    ]
+
+
+def every_final_worker(workflow: Workflow, pool_size: int) -> list[Workflow]:
+    """`workflow` once per pool worker as its final (answering) step, workers 0 to pool_size - 1 in order."""
+    *earlier, final = workflow.steps
+    return [
+        dataclasses.replace(workflow, steps=(*earlier, dataclasses.replace(final, worker=worker)))
+        for worker in range(pool_size)
     ]
 
 

@@ -24,6 +24,11 @@ _FIELDS = {
         "The reasoning line of the templates and world teachers' workflows: the template's own, or the template's "
         "opened by the question's task domain ('This is a gsm8k question.').",
     ),
+    "all_routes": flags.DEFINE_boolean(
+        "sft_all_routes", False,
+        "Templates teacher: write each drawn question's template once per pool worker, so the warm-start's routing "
+        "target is exactly uniform on every question (drawn workers leave chance leanings family by family).",
+    ),
 }
 _TEMPLATES = flags.DEFINE_list(
     "sft_templates", list(DEFAULT_TEMPLATES), f"Template policies of the templates teacher, of {', '.join(TEMPLATES)}."

@@ -144,6 +144,49 @@ def test_world_examples_with_drawn_grades_weight_the_right_answers_only():
     assert right / len(examples) == pytest.approx(sum(tried) / len(tried), abs=0.15)
 
 
+def test_all_routes_templates_write_each_drawn_question_once_per_worker_in_a_row_without_reading_grades():
+    world = _replay_world(expected_grades=True)
+    pool = len(ROUTERDC_MODELS)
+    all_routes = TeacherConfig(templates=("single",), all_routes=True)
+    examples = teachers.template_examples(world, 3 * pool - 2, random.Random(5), all_routes, probe=True)
+    routes = [_route(world, e) for e in examples]
+    questions = [question for question, _ in routes[::pool]]
+    assert routes == [(q, w) for q in questions for w in range(pool)]  # 3 questions, every worker, consecutive
+    assert {e.weight for e in examples} == {1.0}  # uniform: no grade is read
+    for example in examples:
+        assert example.probe_label == teachers.domain_labels(world)[world.tasks[_route(world, example)[0]].domain]
+    batch = SupervisedTrainer(_tiny_model(), SFTConfig()).batch(examples[:pool], pad_id=0)
+    assert batch.prompt_block_size(batch.batch_size) == pool
+
+
+def test_all_routes_change_only_the_final_worker_of_a_multi_step_template(world):
+    config = TeacherConfig(templates=("plan_solve_verify",), all_routes=True)
+    examples = teachers.template_examples(world, 8, random.Random(6), config)
+    pool = len(world.env.world.pool)
+    assert len(examples) == 2 * pool
+    for start in (0, pool):
+        texts = [world.tokenizer.decode(list(e.completion_ids), skip_special_tokens=True)
+                 for e in examples[start : start + pool]]  # fmt: skip
+        workflows = [parse_workflow(CONDUCTOR_PREFIX + text, pool, 5, "binary") for text in texts]
+        assert [w.steps[-1].worker for w in workflows] == list(range(pool))
+        assert len({w.steps[:-1] for w in workflows}) == 1 and len(workflows[0].steps) == 3
+        assert len({w.steps[-1].instruction for w in workflows}) == 1
+
+
+def test_all_routes_is_refused_outside_the_first_round_templates_teacher():
+    with pytest.raises(ValueError, match="for the templates teacher"):
+        TeacherConfig(teacher="world", all_routes=True)
+    with pytest.raises(ValueError, match="for the templates teacher"):
+        TeacherConfig(teacher="rollouts", rollouts="runs/x/rollouts.jsonl", all_routes=True)
+    tokenizer = load_tokenizer(zoo.smollm2_135m_instruct())
+    recursive = TokenizedConductorEnv(
+        ConductorEnv(build_world(SyntheticWorldConfig(num_workers=3, num_tasks=4)), EnvConfig(recursion_rounds=1)),
+        tokenizer,
+    )
+    with pytest.raises(ValueError, match="does not combine with recursion"):
+        teachers.template_examples(recursive, 6, random.Random(0), TeacherConfig(all_routes=True))
+
+
 def test_route_weights_by_grade_or_by_the_positive_part_of_the_grade_over_the_question_mean():
     assert teachers.route_weights([1.0, 0.0, 1.0, 1.0], "grade") == [1.0, 0.0, 1.0, 1.0]
     assert teachers.route_weights([1.0, 0.0, 1.0, 1.0], "advantage") == pytest.approx([0.25, 0.0, 0.25, 0.25])
