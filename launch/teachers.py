@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from typing import Any, Literal, Mapping, Sequence, get_args
+from typing import Literal, Mapping, Sequence, get_args
 
 from env.policies import DEFAULT_TEMPLATES, TEMPLATES, random_template
 from env.workflow import Workflow, render_workflow
@@ -77,9 +77,10 @@ def teacher_examples(
     return rollout_examples(environment, config.rollouts, config.min_reward, probe)
 
 
-def completion_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
-    """The tokens of a target completion, ending with EOS so the Conductor learns to stop."""
-    return tuple(tokenizer.encode(text, add_special_tokens=False)) + (tokenizer.eos_token_id,)
+def completion_ids(environment: TokenizedConductorEnv, workflow: Workflow) -> tuple[int, ...]:
+    """The tokens of `workflow` as a target completion, ending with EOS so the Conductor learns to stop."""
+    text = "\n" + render_workflow(workflow, environment.env.config.access_mode)
+    return tuple(environment.tokenizer.encode(text, add_special_tokens=False)) + (environment.tokenizer.eos_token_id,)
 
 
 def with_reasoning(
@@ -119,17 +120,16 @@ def template_examples(
     """`count` (prompt, uniformly routed template workflow) pairs over the world's questions.
 
     With `config.all_routes`, about `count` pairs from `count / pool size` questions, each question's template written
-    once with every pool worker as its final step, in consecutive examples (the trainer batches them whole). Drawn
-    workers fit, besides the format, whatever chance ties their draws to the questions' features, so the warm-started
-    routing leans towards some workers family by family before RL has seen a grade; every route of a question in
-    equal weight has one optimum, uniform routing on every question.
+    once with every pool worker as its final step, in consecutive examples (a batch of a multiple of the pool size
+    holds whole questions). Drawn workers fit, besides the format, whatever chance ties their draws to the questions'
+    features, so the warm-started routing leans towards some workers family by family before RL has seen a grade;
+    every route of a question in equal weight has one optimum, uniform routing on every question.
 
     With recursion rounds (`--recursion_rounds` N), each example's round is drawn uniformly from the N + 1, so the
     student learns the format of every prompt an episode shows it: a later round's prompt follows a template
     workflow run in the world, and its target is a new template workflow or, half the time, the three empty lists
     that keep the answer (which to write is left to RL)."""
     pool_size = len(environment.env.world.pool)
-    access_mode = environment.env.config.access_mode
     rounds = environment.env.config.recursion_rounds
     labels = domain_labels(environment) if probe else None
     if config.all_routes:
@@ -140,21 +140,21 @@ def template_examples(
             question = rng.randrange(environment.num_questions)
             workflow = with_reasoning(random_template(pool_size, rng, config.templates), environment, question, config)
             for route in every_final_worker(workflow, pool_size):
-                ids = completion_ids(environment.tokenizer, "\n" + render_workflow(route, access_mode))
+                ids = completion_ids(environment, route)
                 examples.append(make_example(environment, question, ids, labels))
         return examples
     examples, earlier_rounds, targets = [], [], []
     for _ in range(count):
         question = rng.randrange(environment.num_questions)
         workflow = with_reasoning(random_template(pool_size, rng, config.templates), environment, question, config)
-        ids = completion_ids(environment.tokenizer, "\n" + render_workflow(workflow, access_mode))
+        ids = completion_ids(environment, workflow)
         if rounds and rng.randrange(rounds + 1):
             kept = rng.random() < 0.5
             target = Workflow(steps=()) if kept else with_reasoning(
                 random_template(pool_size, rng, config.templates), environment, question, config
             )
             earlier_rounds.append((question, ids))
-            targets.append(completion_ids(environment.tokenizer, "\n" + render_workflow(target, access_mode)))
+            targets.append(completion_ids(environment, target))
         else:
             examples.append(make_example(environment, question, ids, labels))
     if earlier_rounds:
@@ -198,7 +198,6 @@ def world_examples(
     whole questions).
     """
     pool_size = len(environment.env.world.pool)
-    access_mode = environment.env.config.access_mode
     labels = domain_labels(environment) if probe else None
     strata = environment.question_strata if config.stratify_questions else None
     questions, completions = [], []
@@ -206,7 +205,7 @@ def world_examples(
         workflow = with_reasoning(random_template(pool_size, rng, config.templates), environment, question, config)
         for route in every_final_worker(workflow, pool_size):
             questions.append(question)
-            completions.append(completion_ids(environment.tokenizer, "\n" + render_workflow(route, access_mode)))
+            completions.append(completion_ids(environment, route))
     rollouts = environment.score(questions, completions, [None] * len(questions), range(len(questions)))
     grades = [rollout.metrics["correct"] for rollout in rollouts]
     weights = [
