@@ -5,7 +5,10 @@
 Prints the train files' mean grade of every worker in every family (what the shares are read against), then for each
 run and window of iterations: the mean reward, the share of completions whose reasoning line names the question's own
 domain (`--sft_reasoning=domain` runs; decoded with the run's conductor_init tokenizer), and per family the share of
-routes each worker got. Reads the run's rollouts.jsonl (one-step workflows); its question indices are those of the
+routes each worker got. Then the feedback the run could have had: per family, every worker's mean grade over the
+questions the run drew (each drawn question once per iteration that drew it), the best worker on that sample and its
+lead over the second: where that lead is small, the family's route is a coin flip for any learner fed those draws.
+Reads the run's rollouts.jsonl (one-step workflows); its question indices are those of the
 five train files in replay_routerdc.cfg's `--tasks` order.
 """
 
@@ -30,11 +33,26 @@ SHORT = [model.split("/")[1][:12] for model in ROUTERDC_MODELS]
 def family_table(tasks) -> None:
     grades = collections.defaultdict(list)
     for task in tasks:
-        scores = task.metadata["scores"]
-        grades[task.domain].append([probability_right(task.domain, scores[model]) for model in ROUTERDC_MODELS])
+        grades[task.domain].append(worker_grades(task))
     print("family        " + " ".join(f"{name:>12}" for name in SHORT))
     for family, rows in sorted(grades.items()):
         print(f"{family:13} " + " ".join(f"{mean:12.3f}" for mean in np.mean(np.asarray(rows), axis=0)))
+
+
+def worker_grades(task) -> list[float]:
+    return [probability_right(task.domain, task.metadata["scores"][model]) for model in ROUTERDC_MODELS]
+
+
+def drawn_questions_report(records, tasks) -> None:
+    drawn = collections.defaultdict(list)
+    for _, question in sorted({(r["step"], r["question"]) for r in records}):
+        drawn[tasks[question].domain].append(worker_grades(tasks[question]))
+    print("  the questions it drew, every worker's mean grade:")
+    for family, rows in sorted(drawn.items()):
+        means = np.mean(np.asarray(rows), axis=0)
+        first, second = np.argsort(-means)[:2]
+        print(f"    {family:11} " + " ".join(f"{mean:12.3f}" for mean in means)
+              + f"  {len(rows)} questions; best {SHORT[first]} by {means[first] - means[second]:.3f}")
 
 
 def window_report(records, tasks, tokenizer) -> None:
@@ -67,6 +85,7 @@ def main() -> None:
         for start, end in zip(edges[:-1], edges[1:]):
             print(f"  iterations {int(start) + 1}-{int(end)}: ", end="")
             window_report([r for r in records if start < r["step"] <= end], tasks, tokenizer)
+        drawn_questions_report(records, tasks)
 
 
 if __name__ == "__main__":
