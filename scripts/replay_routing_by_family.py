@@ -8,8 +8,8 @@ domain (`--sft_reasoning=domain` runs; decoded with the run's conductor_init tok
 routes each worker got. Then the feedback the run could have had: per family, every worker's mean grade over the
 questions the run drew (each drawn question once per iteration that drew it), the best worker on that sample and its
 lead over the second: where that lead is small, the family's route is a coin flip for any learner fed those draws.
-Reads the run's rollouts.jsonl (one-step workflows); its question indices are those of the
-five train files in replay_routerdc.cfg's `--tasks` order.
+Reads the run's rollouts.jsonl (one-step workflows); its question indices are those of the five train files in
+replay_routerdc.cfg's `--tasks` order.
 """
 
 from __future__ import annotations
