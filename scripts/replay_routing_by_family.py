@@ -45,7 +45,7 @@ def worker_grades(task) -> list[float]:
 
 def drawn_questions_report(records, tasks) -> None:
     drawn = collections.defaultdict(list)
-    for _, question in sorted({(r["step"], r["question"]) for r in records}):
+    for _, question in {(r["step"], r["question"]) for r in records}:
         drawn[tasks[question].domain].append(worker_grades(tasks[question]))
     print("  the questions it drew, every worker's mean grade:")
     for family, rows in sorted(drawn.items()):
