@@ -30,29 +30,29 @@ TRAIN_FILES = ("mmlu_train", "gsm8k-train", "cmmlu_train", "arc_challenge_train"
 SHORT = [model.split("/")[1][:12] for model in ROUTERDC_MODELS]
 
 
-def family_table(tasks) -> None:
+def family_means(tasks) -> dict[str, np.ndarray]:
+    """Per family, in sorted order, every worker's mean grade over `tasks` (a task listed twice counts twice)."""
     grades = collections.defaultdict(list)
     for task in tasks:
-        grades[task.domain].append(worker_grades(task))
+        scores = task.metadata["scores"]
+        grades[task.domain].append([probability_right(task.domain, scores[model]) for model in ROUTERDC_MODELS])
+    return {family: np.mean(np.asarray(rows), axis=0) for family, rows in sorted(grades.items())}
+
+
+def family_table(tasks) -> None:
     print("family        " + " ".join(f"{name:>12}" for name in SHORT))
-    for family, rows in sorted(grades.items()):
-        print(f"{family:13} " + " ".join(f"{mean:12.3f}" for mean in np.mean(np.asarray(rows), axis=0)))
-
-
-def worker_grades(task) -> list[float]:
-    return [probability_right(task.domain, task.metadata["scores"][model]) for model in ROUTERDC_MODELS]
+    for family, means in family_means(tasks).items():
+        print(f"{family:13} " + " ".join(f"{mean:12.3f}" for mean in means))
 
 
 def drawn_questions_report(records, tasks) -> None:
-    drawn = collections.defaultdict(list)
-    for _, question in {(r["step"], r["question"]) for r in records}:
-        drawn[tasks[question].domain].append(worker_grades(tasks[question]))
+    drawn = [tasks[question] for _, question in {(r["step"], r["question"]) for r in records}]
+    questions = collections.Counter(task.domain for task in drawn)
     print("  the questions it drew, every worker's mean grade:")
-    for family, rows in sorted(drawn.items()):
-        means = np.mean(np.asarray(rows), axis=0)
+    for family, means in family_means(drawn).items():
         first, second = np.argsort(-means)[:2]
         print(f"    {family:11} " + " ".join(f"{mean:12.3f}" for mean in means)
-              + f"  {len(rows)} questions; best {SHORT[first]} by {means[first] - means[second]:.3f}")
+              + f"  {questions[family]} questions; best {SHORT[first]} by {means[first] - means[second]:.3f}")
 
 
 def window_report(records, tasks, tokenizer) -> None:
