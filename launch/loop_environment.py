@@ -4,10 +4,12 @@ tokenizer, and the per-rollout metrics it reports."""
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from typing import Any, Sequence
 
 from env.gym_env import ConductorEnv, Scored
+from env.workflow import Step, Workflow, render_workflow
 from models.tokenizer import render_chat
 from rl.loop import Rollout
 
@@ -55,6 +57,12 @@ def worker_id_tokens(tokenizer: Any, ids: Sequence[int]) -> tuple[int, ...]:
     return tuple(bisect.bisect_right(range(len(ids)), offset, key=decoded_length) for offset in offsets)
 
 
+def completion_ids(environment: TokenizedConductorEnv, workflow: Workflow) -> tuple[int, ...]:
+    """The tokens of `workflow` as a target completion, ending with EOS so the Conductor learns to stop."""
+    text = "\n" + render_workflow(workflow, environment.env.config.access_mode)
+    return tuple(environment.tokenizer.encode(text, add_special_tokens=False)) + (environment.tokenizer.eos_token_id,)
+
+
 class TokenizedConductorEnv:
     """A `ConductorEnv` seen through the Conductor's tokenizer, as `rl.loop.Environment`: prompts through the
     Conductor's chat template, completions decoded from the generator's own token ids, scores from the env (which
@@ -67,6 +75,16 @@ class TokenizedConductorEnv:
         self.num_questions = len(self.tasks)
         self.question_strata = [task.domain for task in self.tasks]
         self._prompts: dict[int, list[int]] = {}
+
+    @functools.cached_property
+    def route_token_ids(self) -> tuple[int, ...]:
+        """The tokens that can write the first digit of a workflow's first worker id, over the pool: the token
+        `worker_id_tokens` finds in each worker's one-step workflow (`rl.losses.LossConfig.route_token_ids`)."""
+        choices = set()
+        for worker in range(len(self.env.world.pool)):
+            ids = completion_ids(self, Workflow(steps=(Step(worker=worker, instruction="Answer."),)))
+            choices.add(ids[worker_id_tokens(self.tokenizer, ids)[0]])
+        return tuple(sorted(choices))
 
     def prompt_ids(self, question: int) -> list[int]:
         if question not in self._prompts:

@@ -17,8 +17,8 @@ import random
 from typing import Literal, Mapping, Sequence, get_args
 
 from env.policies import DEFAULT_TEMPLATES, TEMPLATES, random_template
-from env.workflow import Workflow, render_workflow
-from launch.loop_environment import TokenizedConductorEnv, worker_id_tokens
+from env.workflow import Workflow
+from launch.loop_environment import TokenizedConductorEnv, completion_ids, worker_id_tokens
 from rl.loop import question_order
 from rl.supervised import Example
 
@@ -75,12 +75,6 @@ def teacher_examples(
     if config.teacher == "world":
         return world_examples(environment, count, rng, config, probe)
     return rollout_examples(environment, config.rollouts, config.min_reward, probe)
-
-
-def completion_ids(environment: TokenizedConductorEnv, workflow: Workflow) -> tuple[int, ...]:
-    """The tokens of `workflow` as a target completion, ending with EOS so the Conductor learns to stop."""
-    text = "\n" + render_workflow(workflow, environment.env.config.access_mode)
-    return tuple(environment.tokenizer.encode(text, add_special_tokens=False)) + (environment.tokenizer.eos_token_id,)
 
 
 def with_reasoning(

@@ -100,7 +100,7 @@ def main(argv: list[str]) -> None:
     sampling = sampling_flags.from_flags()
     mesh = distributed.learner_mesh(_MESH_FSDP.value, _MESH_TP.value)
     loop_config = loop_flags.from_flags(env.config.recursion_rounds)
-    learner = Learner(model, learner_flags.from_flags(loop_config, sampling), mesh=mesh)
+    learner = Learner(model, learner_flags.from_flags(loop_config, sampling, environment.route_token_ids), mesh=mesh)
     writer = MetricsWriter(log_dir) if distributed.is_main_process() else None
     loop = TrainingLoop(
         loop_config,

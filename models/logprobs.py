@@ -14,12 +14,32 @@ a scalar loop on one thread, so a trailing vocabulary axis would make the log-pr
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import jax
 import jax.numpy as jnp
 
 from models.transformer import Transformer
 
 DEFAULT_CHUNK_SIZE = 256
+
+
+def _vocab_major_entropy(logits: jax.Array, log_normaliser: jax.Array) -> jax.Array:
+    """Entropy of each column of [vocab, tokens] logits, given their logsumexp over the vocabulary."""
+    return log_normaliser - jnp.sum(jnp.exp(logits - log_normaliser) * logits, axis=0)
+
+
+def state_entropy(
+    model: Transformer, states: jax.Array, *, temperature: float = 1.0, token_ids: Sequence[int] | None = None
+) -> jax.Array:
+    """Entropy of the tempered next-token distribution that each of `states` ([B, hidden], final hidden states)
+    predicts, float32 [B], differentiable: a term on a few chosen positions takes its gradient from here, without the
+    vocabulary-wide backward pass at every position that `token_logprobs(entropy_gradient=True)` runs. With
+    `token_ids`, the entropy of that distribution restricted to those tokens and renormalised."""
+    logits = model.vocab_major_logits(states / temperature).astype(jnp.float32)
+    if token_ids is not None:
+        logits = logits[jnp.asarray(token_ids)]
+    return _vocab_major_entropy(logits, jax.nn.logsumexp(logits, axis=0))
 
 
 def token_logprobs(
@@ -72,8 +92,7 @@ def token_logprobs(
             return logp.reshape(target_chunk.shape), jnp.zeros(target_chunk.shape, jnp.float32)
         if not entropy_gradient:
             logits, log_normaliser = jax.lax.stop_gradient((logits, log_normaliser))
-        probs = jnp.exp(logits - log_normaliser)
-        entropy = log_normaliser - jnp.sum(probs * logits, axis=0)
+        entropy = _vocab_major_entropy(logits, log_normaliser)
         return logp.reshape(target_chunk.shape), entropy.reshape(target_chunk.shape)
 
     if num_chunks == 1:

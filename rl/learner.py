@@ -21,7 +21,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from models.logprobs import completion_predictors, token_logprobs
+from models.logprobs import completion_predictors, state_entropy, token_logprobs
 from models.sharding import batch_sharding, shard_model
 from rl import row_selection
 from rl.losses import LossConfig, aggregation_weights, domain_state_overlap, grpo_loss
@@ -196,8 +196,10 @@ class ModelRows:
 
 def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: int, config, state_positions=None):
     """Log-probs and entropies [B, T], one row for each entry of `rows.source`, and with `state_positions` ([B],
-    completion token indices) the float32 state that predicts that token in each row ([B, H]; else None). Columns
-    before `completion_start` carry no loss: they are 0, and their vocabulary logits are never computed."""
+    completion token indices) the float32 state that predicts that token in each row ([B, H]) and the entropy it
+    predicts over the loss's `route_token_ids` ([B], differentiable; `models.logprobs.state_entropy`); else None and
+    None. Columns before
+    `completion_start` carry no loss: they are 0, and their vocabulary logits are never computed."""
     model = nnx.merge(graphdef, params, other_state)
     predicting = completion_predictors(
         model, rows.tokens, rows.positions, rows.attention_mask, completion_start, rows.prompt_block
@@ -213,8 +215,11 @@ def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: i
     )
     logprobs, entropy = jax.tree.map(lambda x: jnp.pad(x[rows.source], ((0, 0), (completion_start, 0))), values)
     if state_positions is None:
-        return logprobs, entropy, None
-    return logprobs, entropy, predicting[rows.source, state_positions].astype(jnp.float32)
+        return logprobs, entropy, None, None
+    states = predicting[rows.source, state_positions]
+    route_token_ids = config.loss.route_token_ids or None
+    entropies = state_entropy(model, states, temperature=config.temperature, token_ids=route_token_ids)
+    return logprobs, entropy, states.astype(jnp.float32), entropies
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config", "completion_start", "num_micro_batches"))
@@ -243,16 +248,17 @@ def _train_step(
     num_tokens = jnp.maximum(batch.loss_mask.sum(), 1).astype(jnp.float32)
     num_micro_batches = batch.batch_size // (config.micro_batch_size or batch.batch_size)
 
-    decorrelating = bool(config.loss.domain_decorrelation_coef)
-
     def micro_loss(params, micro: Trajectories, micro_rows: ModelRows, micro_weights, micro_ref):
-        logprobs, entropy, states = _forward(
+        logprobs, entropy, states, state_entropies = _forward(
             graphdef, params, other_state, micro_rows, micro.completion_start, config,
-            micro.route_positions if decorrelating else None,
+            micro.route_positions if config.loss.reads_route_positions else None,
         )
         old_logprobs = jnp.where(on_policy, jax.lax.stop_gradient(logprobs), micro.old_logprobs)
+        route_entropy = None
+        if config.loss.route_entropy_coef:
+            route_entropy = jnp.where(micro.domains >= 0, state_entropies, 0.0)
         state_overlap = None
-        if decorrelating:
+        if config.loss.domain_decorrelation_coef:
             # Rows a step leaves out of the loss (padding, dropped groups) leave the domains' means too.
             labels = jnp.where(micro.loss_mask.any(axis=1), micro.domains, -1)
             state_overlap = domain_state_overlap(states, labels) / num_micro_batches
@@ -267,6 +273,7 @@ def _train_step(
             loss_mask=micro.loss_mask,
             token_weights=micro_weights,
             num_tokens=num_tokens,
+            route_entropy=route_entropy,
             state_overlap=state_overlap,
         )
 
@@ -448,10 +455,10 @@ class Learner:
 
     def update(self, batch: Trajectories) -> dict[str, float]:
         """Optimise on `batch`; returns metrics averaged over this update's optimizer steps."""
-        if self.config.loss.domain_decorrelation_coef and batch.domains is None:
+        if self.config.loss.reads_route_positions and batch.domains is None:
             raise ValueError(
-                "the domain decorrelation term needs each row's domain and route position (Trajectories.domains, "
-                "route_positions)"
+                "the route entropy and domain decorrelation terms need each row's domain and route position "
+                "(Trajectories.domains, route_positions)"
             )
         rows = batch.batch_size
         mini_batches = self._mini_batches(batch)

@@ -123,8 +123,9 @@ class LoopConfig:
     With `route_weighting="inverse_propensity"`, the advantage on each token that writes a worker id (the
     environment's `Rollout.route_tokens`) is weighted by the inverse of the sampler's probability of that token,
     self-normalised over the batch and capped at `route_weight_cap` (`rl.advantages.inverse_propensity_route_weights`).
-    When the learner's loss has the domain decorrelation term (`rl.losses.LossConfig.domain_decorrelation_coef`),
-    each row goes to it with its question's label (numbered in sorted order) and its first route token; a row
+    When the learner's loss has a term that reads the routing decision (`rl.losses.LossConfig.reads_route_positions`:
+    the route entropy bonus or the domain decorrelation term), each row goes to it with its question's label
+    (numbered in sorted order; 0 for every row of an environment without labels) and its first route token; a row
     without route tokens has no domain.
     """
 
@@ -259,8 +260,8 @@ class TrainingLoop:
             raise ValueError("stratify_questions needs an environment with question_strata (a label per question)")
         if config.estimator_options.get("std_scaling") == "stratum" and self._question_strata is None:
             raise ValueError("std_scaling='stratum' needs an environment with question_strata (a label per question)")
-        self._decorrelating = bool(learner.config.loss.domain_decorrelation_coef)
-        if self._decorrelating and self._question_strata is None:
+        self._reads_route_positions = learner.config.loss.reads_route_positions
+        if learner.config.loss.domain_decorrelation_coef and self._question_strata is None:
             raise ValueError(
                 "domain_decorrelation_coef needs an environment with question_strata (a label per question)"
             )
@@ -383,7 +384,7 @@ class TrainingLoop:
                 group_ids,
                 pad_id=self.pad_id,
                 length_buckets=config.length_buckets,
-                **(self._decision_states(rows, strata) if self._decorrelating else {}),
+                **(self._decision_states(rows, strata) if self._reads_route_positions else {}),
             )
             if config.route_weighting == "inverse_propensity":
                 route_tokens = [s.rollouts[i].route_tokens for s, i in rows]
@@ -417,12 +418,17 @@ class TrainingLoop:
         self._log(rounds, rewards_array, advantages, scalars)
         return scalars
 
-    def _decision_states(self, rows: list[tuple[_Sampled, int]], strata: np.ndarray) -> dict[str, list[int]]:
-        """Each row's domain (-1 without route tokens) and first route token, as `rl.trajectories.build` takes them."""
-        numbers = {label: index for index, label in enumerate(sorted(set(self._question_strata)))}
+    def _decision_states(self, rows: list[tuple[_Sampled, int]], strata: np.ndarray | None) -> dict[str, list[int]]:
+        """Each row's domain (0 for all without `strata`; -1 without route tokens) and first route token, as
+        `rl.trajectories.build` takes them."""
         route_tokens = [s.rollouts[i].route_tokens for s, i in rows]
+        if strata is None:
+            domains = [0] * len(rows)
+        else:
+            numbers = {label: index for index, label in enumerate(sorted(set(self._question_strata)))}
+            domains = [numbers[label] for label in strata]
         return {
-            "domains": [numbers[label] if tokens else -1 for label, tokens in zip(strata, route_tokens)],
+            "domains": [domain if tokens else -1 for domain, tokens in zip(domains, route_tokens)],
             "route_positions": [tokens[0] if tokens else 0 for tokens in route_tokens],
         }
 

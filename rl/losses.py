@@ -51,6 +51,14 @@ class LossConfig:
         straight-through variant: the estimator's value with the gradient of k2, whose expectation is the KL's
         gradient.
     entropy_coef: weight of the entropy bonus (subtracted from the loss).
+    route_entropy_coef, route_token_ids: an entropy bonus on the routing decision alone: at the token that writes
+        each row's first worker id (`Trajectories.route_positions`), the entropy H_b of the policy restricted to
+        `route_token_ids` (the tokens that can write a worker id's first digit) and renormalised, each row weighted
+        as the aggregation weighs it: loss -= route_entropy_coef * sum_b w_b H_b, w_b = sum_t token_weight[b, t].
+        It keeps the choice of worker from collapsing onto one before the others' grades have been seen often
+        enough to compare. Restricted, it leaves the probability of writing a worker id at all, and every other
+        token of the workflow, to the policy loss; a full-vocabulary bonus (`entropy_coef`) spreads probability
+        over the vocabulary and breaks the format. Needs each row's domain and route position.
     mismatch_correction: corrects for the sampler's log-probs differing from the learner's at the same weights,
         with w = pi_learner_old / pi_sampler: "tis-token" multiplies each token by min(w_t, cap), "tis-seq" each
         sequence by min(prod_t w_t, cap) (truncated importance sampling, Yao et al. 2025); "mask-token" drops tokens
@@ -71,6 +79,8 @@ class LossConfig:
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     entropy_coef: float = 0.0
+    route_entropy_coef: float = 0.0
+    route_token_ids: tuple[int, ...] = ()
     mismatch_correction: MismatchCorrection = "none"
     mismatch_cap: float = 2.0
     domain_decorrelation_coef: float = 0.0
@@ -96,8 +106,19 @@ class LossConfig:
             raise ValueError(f"kl_coef and entropy_coef must be >= 0, got {self.kl_coef}, {self.entropy_coef}")
         if self.mismatch_cap <= 1.0:
             raise ValueError(f"LossConfig.mismatch_cap must be > 1, got {self.mismatch_cap}")
-        if not self.domain_decorrelation_coef >= 0.0:
-            raise ValueError(f"LossConfig.domain_decorrelation_coef must be >= 0, got {self.domain_decorrelation_coef}")
+        for name in ("route_entropy_coef", "domain_decorrelation_coef"):
+            if not getattr(self, name) >= 0.0:
+                raise ValueError(f"LossConfig.{name} must be >= 0, got {getattr(self, name)}")
+        ids = self.route_token_ids
+        if self.route_entropy_coef and (len(set(ids)) < 2 or len(set(ids)) != len(ids) or min(ids) < 0):
+            raise ValueError(
+                f"LossConfig.route_entropy_coef needs route_token_ids: two or more distinct token ids, got {ids}"
+            )
+
+    @property
+    def reads_route_positions(self) -> bool:
+        """Whether a term needs each row's domain and route position (`Trajectories.domains`, `route_positions`)."""
+        return bool(self.route_entropy_coef or self.domain_decorrelation_coef)
 
 
 def aggregation_weights(loss_mask: jax.Array, config: LossConfig) -> jax.Array:
@@ -267,13 +288,16 @@ def grpo_loss(
     loss_mask: jax.Array,
     token_weights: jax.Array,
     num_tokens: jax.Array,
+    route_entropy: jax.Array | None = None,
     state_overlap: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The whole objective on one micro-batch: (loss, metrics), each a sum over this micro-batch's tokens.
 
     `token_weights` come from `aggregation_weights` and `num_tokens` is the loss-token count, both of the whole
     mini-batch, so summing loss and metrics over micro-batches gives the mini-batch values exactly. Metrics other
-    than the loss parts are token means over the mini-batch. `state_overlap` (needed with
+    than the loss parts are token means over the mini-batch, but "route_entropy", which weighs rows as the loss
+    does. `route_entropy` (needed with `route_entropy_coef`) is [B]: each row's routing entropy H_b (above), 0 for
+    a row without a worker id. `state_overlap` (needed with
     `domain_decorrelation_coef`) is `domain_state_overlap` over this micro-batch's rows divided by the mini-batch's
     number of micro-batches, so the sum is the mean over its micro-batches (the whole mini-batch's without any).
     """
@@ -295,6 +319,12 @@ def grpo_loss(
         per_token = per_token - config.entropy_coef * entropy
         parts["loss/entropy"] = -config.entropy_coef * jnp.sum(token_weights * entropy)
     loss = jnp.sum(token_weights * per_token)
+    if config.route_entropy_coef:
+        if route_entropy is None:
+            raise ValueError("LossConfig.route_entropy_coef needs the rows' route_entropy")
+        weighted_route_entropy = jnp.sum(token_weights.sum(axis=1) * route_entropy)
+        parts["loss/route_entropy"] = -config.route_entropy_coef * weighted_route_entropy
+        loss = loss + parts["loss/route_entropy"]
     if config.domain_decorrelation_coef:
         if state_overlap is None:
             raise ValueError("LossConfig.domain_decorrelation_coef needs the rows' state_overlap")
@@ -317,6 +347,8 @@ def grpo_loss(
     }
     if config.kl_coef:
         metrics["kl"] = token_mean(kl_penalty(logprobs, ref_logprobs, "k3"))
+    if config.route_entropy_coef:
+        metrics["route_entropy"] = weighted_route_entropy
     if config.domain_decorrelation_coef:
         metrics["state_overlap"] = state_overlap
     return loss, metrics

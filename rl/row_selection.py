@@ -3,12 +3,13 @@
 Neither choice changes the update:
 - Skipped rows (`LearnerConfig.skip_zero_gradient_rows`, `rows_to_run`): rows whose loss has no gradient are not
   run: rows without loss tokens, and, when there is no KL or entropy term, rows whose advantage is 0 (a GRPO group
-  whose rewards all agree) unless the domain decorrelation term reads their states. Every policy loss is a multiple
-  of the advantage (`rl.losses.POLICY_LOSSES`, each tested for it), so such rows add exactly nothing to the gradient;
-  they still count in the aggregation's token and sequence totals, which come from the whole mini-batch. A
-  mini-batch with nothing to run still takes its optimizer step, with a zero gradient, because AdamW's momentum
-  moves the parameters anyway. Token-mean metrics (entropy, ratio, clip fractions, mismatch) are then over the rows
-  that ran; the update's first step always runs, so the learner/sampler mismatch is measured every update.
+  whose rewards all agree) unless the route entropy or domain decorrelation term reads their route token. Every
+  policy loss is a multiple of the advantage (`rl.losses.POLICY_LOSSES`, each tested for it), so such rows add
+  exactly nothing to the gradient; they still count in the aggregation's token and sequence totals, which come from
+  the whole mini-batch. A mini-batch with nothing to run still takes its optimizer step, with a zero gradient,
+  because AdamW's momentum moves the parameters anyway. Token-mean metrics (entropy, ratio, clip fractions,
+  mismatch) are then over the rows that ran; the update's first step always runs, so the learner/sampler mismatch
+  is measured every update.
 - Duplicate rows (`LearnerConfig.run_duplicates_once`, `model_rows`): rows identical to an earlier row of their
   prompt block (the same prompt and completion: a sharpening Conductor often writes one workflow several times in a
   group) are not run either: they take that row's log-probs and entropies, and autodiff sums their loss gradients
@@ -30,12 +31,12 @@ from rl.trajectories import Trajectories
 
 def zero_gradient_rows(batch: Trajectories, loss: LossConfig) -> np.ndarray:
     """[rows] bool: rows without loss tokens, and, without a KL or entropy term, rows whose advantage is 0 and whose
-    state no domain decorrelation term reads (a row with a domain, when the term is on)."""
+    route token no route entropy or domain decorrelation term reads (a row with a domain, when one is on)."""
     loss_mask = np.asarray(batch.loss_mask)
     no_gradient = ~loss_mask.any(axis=1)
     if not (loss.kl_coef or loss.entropy_coef):
         zero_advantage = ~(loss_mask & (np.asarray(batch.advantages) != 0)).any(axis=1)
-        if loss.domain_decorrelation_coef and batch.domains is not None:
+        if loss.reads_route_positions and batch.domains is not None:
             zero_advantage &= np.asarray(batch.domains) < 0
         no_gradient |= zero_advantage
     return no_gradient

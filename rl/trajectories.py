@@ -33,8 +33,8 @@ class Trajectories:
 
     `old_logprobs` holds the learner's log-probs at sampling time; `build` fills it with the sampler's, and
     `Learner.update` replaces it with its own before optimising. `domains` ([batch], -1: none) and `route_positions`
-    ([batch], the completion token that writes the row's first worker id) exist only for the domain decorrelation
-    term (`rl.losses.LossConfig.domain_decorrelation_coef`); padding rows carry domain -1.
+    ([batch], the completion token that writes the row's first worker id) exist only for the terms that read that
+    token (`rl.losses.LossConfig.reads_route_positions`); padding rows carry domain -1.
     """
 
     tokens: jax.Array  # int32

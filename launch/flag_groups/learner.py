@@ -27,6 +27,13 @@ _LOSS_FIELDS = {
     "kl_coef": flags.DEFINE_float("kl_coef", 0.0, "KL penalty to the frozen initial policy (0: no reference model)."),
     "kl_estimator": flags.DEFINE_enum("kl_estimator", "k3", get_args(KLEstimator), "KL estimator."),
     "entropy_coef": flags.DEFINE_float("entropy_coef", 0.0, "Entropy bonus weight."),
+    "route_entropy_coef": flags.DEFINE_float(
+        "route_entropy_coef", 0.0,
+        "Weight of an entropy bonus on the choice of worker alone: at the token that writes each workflow's first "
+        "worker id, the entropy over the tokens that can write one. Keeps the routing from collapsing onto one worker "
+        "before the others have been tried, without spreading probability over the vocabulary as --entropy_coef does.",
+        lower_bound=0.0,
+    ),
     "mismatch_correction": flags.DEFINE_enum(
         "mismatch_correction", "none", get_args(MismatchCorrection),
         "Correction for sampler vs learner log-prob mismatch.",
@@ -87,10 +94,12 @@ _UPDATE_FIELDS = {
 }
 
 
-def from_flags(loop: LoopConfig, sampling: SamplingParams) -> LearnerConfig:
-    """The learner's config for `loop`'s batches, sampled with `sampling`. With recursion rounds the row count
-    varies, and so does the number of optimizer steps of an update; the learning-rate schedule is sized for the
-    largest batch (`loop.max_rows`), so it never ends before the run does (`OptimizerConfig`)."""
+def from_flags(loop: LoopConfig, sampling: SamplingParams, route_token_ids: tuple[int, ...] = ()) -> LearnerConfig:
+    """The learner's config for `loop`'s batches, sampled with `sampling`; `route_token_ids` are the tokens that can
+    write a worker id (`launch.loop_environment.TokenizedConductorEnv.route_token_ids`), which --route_entropy_coef
+    needs. With recursion rounds the row count varies, and so does the number of optimizer steps of an update; the
+    learning-rate schedule is sized for the largest batch (`loop.max_rows`), so it never ends before the run does
+    (`OptimizerConfig`)."""
     update = field_values(_UPDATE_FIELDS)
     steps_per_update = optimizer_steps_per_update(loop.max_rows, update["mini_batch_size"], update["ppo_epochs"])
     total_steps = loop.iterations * steps_per_update
@@ -100,7 +109,9 @@ def from_flags(loop: LoopConfig, sampling: SamplingParams) -> LearnerConfig:
         total_steps=total_steps,
     )
     return LearnerConfig(
-        loss=LossConfig(**field_values(_LOSS_FIELDS), norm_length=sampling.max_new_tokens),
+        loss=LossConfig(
+            **field_values(_LOSS_FIELDS), norm_length=sampling.max_new_tokens, route_token_ids=route_token_ids
+        ),
         optimizer=optimizer,
         **update,
         temperature=sampling.temperature,

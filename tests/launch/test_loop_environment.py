@@ -95,3 +95,17 @@ def test_scored_rollouts_name_the_token_of_each_worker_id(world):
     assert rollout.workers == (2, 0) and len(rollout.route_tokens) == 2
     assert [world.tokenizer.decode([completion[i]]).strip() for i in rollout.route_tokens] == ["2", "0"]
     assert unparsed.workers == () and unparsed.route_tokens == ()
+
+
+def test_route_token_ids_are_the_tokens_that_write_each_workers_id_where_a_workflow_names_it(world):
+    assert [world.tokenizer.decode([token]) for token in world.route_token_ids] == ["0", "1", "2", "3"]
+    for worker in range(4):
+        completion = _completion(world, worker)
+        [route] = worker_id_tokens(world.tokenizer, completion)
+        assert completion[route] == world.route_token_ids[worker]
+
+
+def test_route_token_ids_of_a_pool_past_ten_are_the_distinct_first_digits():
+    tokenizer = load_tokenizer(zoo.smollm2_135m_instruct())
+    env = TokenizedConductorEnv(ConductorEnv(build_world(SyntheticWorldConfig(num_workers=12, num_tasks=8))), tokenizer)
+    assert [tokenizer.decode([token]) for token in env.route_token_ids] == [str(d) for d in range(10)]

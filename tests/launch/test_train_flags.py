@@ -35,11 +35,13 @@ from rl.learner import LearnerConfig
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
 
 
-def learner_config(recursion_rounds: int = 0) -> LearnerConfig:
+def learner_config(recursion_rounds: int = 0, route_token_ids: tuple[int, ...] = ()) -> LearnerConfig:
     """The learner's config from the flags, for the loop's batches (by default 4 questions x 8 completions, so 32
     rows), sampled with at most 64 tokens."""
     with flagsaver.flagsaver(max_tokens=64):
-        return learner_flags.from_flags(loop_flags.from_flags(recursion_rounds), sampling_flags.from_flags())
+        return learner_flags.from_flags(
+            loop_flags.from_flags(recursion_rounds), sampling_flags.from_flags(), route_token_ids
+        )
 
 
 def build_env():
@@ -58,6 +60,17 @@ def test_optimizer_flags_reach_the_learner_config():
     # 32 completions in mini-batches of 8, two passes, ten iterations: 80 optimizer steps, 8 of them warmup.
     assert (optimizer.total_steps, optimizer.warmup_steps) == (80, 8)
     assert (config.mini_batch_size, config.ppo_epochs, config.loss.norm_length) == (8, 2, 64)
+
+
+def test_the_entropy_flags_reach_the_loss_config_with_the_route_tokens_and_a_negative_route_bonus_is_refused():
+    with flagsaver.flagsaver(entropy_coef=0.02, route_entropy_coef=0.01):
+        loss = learner_config(route_token_ids=(32, 33, 34)).loss
+        with pytest.raises(ValueError, match="route_token_ids"):
+            learner_config()
+    assert (loss.entropy_coef, loss.route_entropy_coef, loss.route_token_ids) == (0.02, 0.01, (32, 33, 34))
+    assert loss.reads_route_positions and not learner_config().loss.reads_route_positions
+    with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match="route_entropy_coef"):
+        flags.FLAGS(["train", "--route_entropy_coef=-0.1"])
 
 
 def test_the_renamed_num_iterations_flag_is_refused_with_its_new_name():

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from models import ModelConfig, Transformer
-from models.logprobs import token_logprobs
+from models.logprobs import state_entropy, token_logprobs
 from tests import tiny_models
 from tests.models.conftest import padded_batch
 
@@ -130,6 +130,39 @@ def test_entropy_without_gradient_has_the_same_values_and_adds_nothing_to_the_gr
     # The entropy does carry a gradient when asked to, so the check above is not vacuous.
     assert not all(np.allclose(np.asarray(got), np.asarray(other))
                    for got, other in zip(jax.tree.leaves(grads), jax.tree.leaves(with_entropy)))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])  # untied and tied LM heads
+def test_state_entropy_is_the_full_softmax_entropy_of_each_state_in_value_and_gradient(family):
+    model = make_model(family)
+    graphdef, params = nnx.split(model)
+    hidden, targets = make_inputs(model)
+    states = hidden[jnp.arange(BATCH), jnp.array([0, 4, 9])]  # one chosen position per row
+    _, expected = reference_logprobs(model, states[:, None], targets[:, :1], 0.7)
+    # The logits' rounding moves H by at most 2H times it (as above); the float32 sums over the vocabulary in
+    # log Z - sum_i p_i z_i add at most V * 2^-24 * max |z| of their own. A wrong state or temperature is off by O(0.1).
+    largest_logit = float(np.abs(np.asarray(model.logits(states))).max()) / 0.7
+    bound = 2 * expected.max() * logit_rounding(model, states, 0.7) + VOCAB * 2.0**-24 * largest_logit
+    np.testing.assert_allclose(np.asarray(state_entropy(model, states, temperature=0.7)), expected[:, 0], atol=bound)
+    choices = np.array([3, 50, 51, 200])
+    chosen = np.asarray(model.logits(states), np.float64)[:, choices] / 0.7
+    chosen = chosen - chosen.max(-1, keepdims=True)
+    log_q = chosen - np.log(np.exp(chosen).sum(-1, keepdims=True))
+    restricted = np.asarray(state_entropy(model, states, temperature=0.7, token_ids=tuple(choices)))
+    np.testing.assert_allclose(restricted, -(np.exp(log_q) * log_q).sum(-1), atol=bound)
+    weights = jnp.array([0.5, -1.0, 2.0])
+    # Gradients at the model's own scale, as in the test above: at the sharpened one both forms cancel large logits.
+    states = states / 20.0
+
+    def full_softmax_loss(params):
+        log_probs = jax.nn.log_softmax(nnx.merge(graphdef, params).logits(states) / 0.7)
+        return jnp.sum(weights * -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1))
+
+    got = jax.grad(lambda p: jnp.sum(weights * state_entropy(nnx.merge(graphdef, p), states, temperature=0.7)))(params)
+    want = jax.grad(full_softmax_loss)(params)
+    assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(want)) > 1e-3
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5 * float(np.abs(w).max()), rtol=1e-4)
 
 
 def _all_shapes(jaxpr):

@@ -449,6 +449,55 @@ def test_the_decorrelation_term_adds_the_domains_state_overlap_gradient_to_the_u
         np.testing.assert_allclose(got - without, np.asarray(move), rtol=0, atol=1e-3 * largest)
 
 
+def _route_entropy_gradient(model, batch, temperature: float, token_ids: tuple[int, ...]):
+    """The mean over rows with loss tokens of the entropy at each labelled row's route token over `token_ids`
+    (renormalised; 0 for a row without a domain), from the log-softmax of the model's full rows, and its gradient."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    has_tokens = np.asarray(batch.loss_mask).any(axis=1)
+    labelled = jnp.asarray(has_tokens & (np.asarray(batch.domains) >= 0))
+
+    def mean_route_entropy(params):
+        merged = nnx.merge(graphdef, params, rest)
+        predicting = completion_predictors(
+            merged, jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask),
+            batch.completion_start,
+        )
+        states = probed_states(predicting, jnp.asarray(batch.route_positions))
+        log_probs = jax.nn.log_softmax(merged.logits(states)[:, jnp.asarray(token_ids)] / temperature)
+        entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+        return jnp.sum(jnp.where(labelled, entropy, 0.0)) / has_tokens.sum()
+
+    return jax.value_and_grad(mean_route_entropy)(params)
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 8])
+def test_the_route_entropy_bonus_adds_the_route_tokens_entropy_gradient_to_the_update(micro_batch_size):
+    batch = _domain_batch()
+    # A large weight makes the bonus's move stand far above the float32 rounding of the parameters it is read from.
+    coef, temperature, token_ids = 10.0, 0.7, (17, 40, 41, 99, 230)
+
+    def learner(route_entropy_coef: float) -> Learner:
+        config = LearnerConfig(
+            loss=LossConfig(route_entropy_coef=route_entropy_coef, route_token_ids=token_ids), temperature=temperature,
+            optimizer=SGDConfig(learning_rate=SGD_RATE, max_grad_norm=None), micro_batch_size=micro_batch_size,
+        )
+        return Learner(_model(), config)
+
+    plain, bonused = learner(0.0), learner(coef)
+    plain_metrics, metrics = plain.update(batch), bonused.update(batch)
+    # The silent groups carry no policy gradient, but their route tokens carry the bonus: they run only with it.
+    assert plain_metrics["skipped_rows"] == 0.5 and metrics["skipped_rows"] == 0.0
+    expected_entropy, gradient = _route_entropy_gradient(_model(), batch, temperature, token_ids)
+    assert 0.5 < float(expected_entropy) < np.log(len(token_ids))
+    np.testing.assert_allclose(metrics["route_entropy"], float(expected_entropy), rtol=1e-5)
+    np.testing.assert_allclose(metrics["loss/route_entropy"], -coef * float(expected_entropy), rtol=1e-5)
+    expected_moves = jax.tree.leaves(jax.tree.map(lambda grad: SGD_RATE * coef * grad, gradient))
+    largest = max(float(np.abs(move).max()) for move in expected_moves)
+    assert largest > 1e-3
+    for got, without, move in zip(_params_of(bonused), _params_of(plain), expected_moves):
+        np.testing.assert_allclose(got - without, np.asarray(move), rtol=0, atol=1e-3 * largest)
+
+
 def test_a_sharded_decorrelated_update_matches_one_device():
     config = LearnerConfig(
         loss=LossConfig(domain_decorrelation_coef=0.7), optimizer=SGDConfig(learning_rate=SGD_RATE, momentum=0.9),
@@ -462,8 +511,9 @@ def test_a_sharded_decorrelated_update_matches_one_device():
     assert_same_training_state(sharded, single)
 
 
-def test_the_decorrelation_term_refuses_a_batch_without_domains():
-    learner = Learner(_model(), LearnerConfig(loss=LossConfig(domain_decorrelation_coef=0.5)))
+@pytest.mark.parametrize("term", ["domain_decorrelation_coef", "route_entropy_coef"])
+def test_the_terms_that_read_the_route_token_refuse_a_batch_without_domains(term):
+    learner = Learner(_model(), LearnerConfig(loss=LossConfig(**{term: 0.5}, route_token_ids=(3, 4))))
     with pytest.raises(ValueError, match="domain and route position"):
         learner.update(_random_batch(0))
 

@@ -215,6 +215,19 @@ def test_with_the_decorrelation_term_each_row_reaches_the_learner_with_its_domai
         make_loop(RoutedAtTheSecondToken(), learner=learner)
 
 
+def test_with_the_route_entropy_bonus_an_environment_without_labels_gives_every_routed_row_domain_zero():
+    model = Transformer(ModelConfig.from_hf(tiny_config("llama")), rngs=nnx.Rngs(0))
+    learner = RecordingLearner(model, LearnerConfig(loss=LossConfig(route_entropy_coef=0.1, route_token_ids=(3, 4, 5))))
+    loop, _ = make_loop(RoutedAtTheSecondToken(num_questions=6), iterations=2, learner=learner)
+    history = loop.run()
+    for batch in learner.batches:
+        second = np.asarray(batch.tokens)[:, batch.completion_start + 1]
+        has_route = (np.asarray(batch.loss_mask).sum(axis=1) > 1) & (second % 3 != 0)
+        np.testing.assert_array_equal(batch.domains, np.where(has_route, 0, -1))
+        np.testing.assert_array_equal(np.asarray(batch.route_positions)[has_route], 1)
+    assert all(0.0 < h["learner/route_entropy"] for h in history)
+
+
 def test_loop_config_refuses_an_unknown_route_weighting_and_a_cap_below_one():
     with pytest.raises(ValueError, match="unknown LoopConfig.route_weighting 'uniform'"):
         LoopConfig(iterations=1, route_weighting="uniform")

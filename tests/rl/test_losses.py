@@ -40,10 +40,13 @@ def _inputs(seed: int = 0):
     # Garbage at masked positions must not leak into the loss.
     for array in (logprobs, old, sampler, ref, entropy):
         array[~mask] = rng.normal(scale=100.0, size=(~mask).sum())
+    route_entropy = rng.uniform(0.0, 2.0, size=BATCH)
+    route_entropy[2] = 0.0  # a row whose workflow wrote no worker id
     return dict(
         logprobs=logprobs.astype(np.float32), old_logprobs=old.astype(np.float32),
         sampler_logprobs=sampler.astype(np.float32), ref_logprobs=ref.astype(np.float32),
         entropy=entropy.astype(np.float32), advantages=advantages, loss_mask=mask,
+        route_entropy=route_entropy.astype(np.float32),
     )
 
 
@@ -97,6 +100,8 @@ def numpy_objective(config: LossConfig, data) -> float:
         terms = terms * _numpy_correction(old, sampler.astype(np.float64), config)
         terms = terms + config.kl_coef * _numpy_kl(logp, ref, config.kl_estimator)
         terms = terms - config.entropy_coef * entropy
+        # The route bonus weighs each row as the aggregation does: its route entropy on every one of its tokens.
+        terms = terms - config.route_entropy_coef * data["route_entropy"][row]
         per_sequence.append(terms)
     if config.aggregation == "token-mean":
         return np.concatenate(per_sequence).sum() / sum(t.size for t in per_sequence)
@@ -117,7 +122,7 @@ def _jax_objective(config: LossConfig, data, rows=slice(None)):
         logprobs=take(data["logprobs"]), entropy=take(data["entropy"]), old_logprobs=take(data["old_logprobs"]),
         sampler_logprobs=take(data["sampler_logprobs"]), ref_logprobs=take(data["ref_logprobs"]),
         advantages=advantages[rows], loss_mask=mask[rows], token_weights=weights[rows],
-        num_tokens=mask.sum().astype(jnp.float32),
+        num_tokens=mask.sum().astype(jnp.float32), route_entropy=take(data["route_entropy"]),
     )
 
 
@@ -135,6 +140,11 @@ CONFIGS = {
     "kl-k2+": LossConfig(kl_coef=0.1, kl_estimator="k2+"),
     "kl-k3+": LossConfig(kl_coef=0.1, kl_estimator="k3+", aggregation="token-mean"),
     "entropy": LossConfig(entropy_coef=0.01),
+    "route-entropy": LossConfig(route_entropy_coef=0.3, route_token_ids=(4, 7)),
+    "route-entropy-token-mean": LossConfig(route_entropy_coef=0.3, route_token_ids=(4, 7), aggregation="token-mean"),
+    "route-entropy-seq-mean-token-sum-norm": LossConfig(
+        route_entropy_coef=0.3, route_token_ids=(4, 7), aggregation="seq-mean-token-sum-norm", norm_length=12
+    ),
     "tis-token": LossConfig(mismatch_correction="tis-token", mismatch_cap=1.5),
     "tis-seq": LossConfig(mismatch_correction="tis-seq", mismatch_cap=3.0),
     "mask-token": LossConfig(mismatch_correction="mask-token", mismatch_cap=1.5),
@@ -181,6 +191,22 @@ def test_the_decorrelation_term_adds_its_weighted_overlap_to_the_loss_and_logs_i
     assert float(metrics["state_overlap"]) == pytest.approx(0.3)
     assert float(metrics["loss/policy"]) == pytest.approx(float(plain_metrics["loss/policy"]))
     with pytest.raises(ValueError, match="state_overlap"):
+        grpo_loss(
+            config, logprobs=mask * 0.0, entropy=mask * 0.0, old_logprobs=mask * 0.0, sampler_logprobs=mask * 0.0,
+            ref_logprobs=None, advantages=mask * 0.0, loss_mask=mask, token_weights=mask * 0.0, num_tokens=1.0,
+        )
+
+
+def test_the_route_entropy_metric_is_the_mean_route_entropy_over_rows_with_loss_tokens_and_is_required():
+    data = _inputs(0)
+    config = LossConfig(route_entropy_coef=0.3, route_token_ids=(4, 7))
+    _, metrics = _jax_objective(config, data)
+    rows_with_tokens = data["loss_mask"].any(axis=1)
+    expected = data["route_entropy"][rows_with_tokens].astype(np.float64).mean()
+    assert float(metrics["route_entropy"]) == pytest.approx(expected, rel=1e-6)
+    assert float(metrics["loss/route_entropy"]) == pytest.approx(-0.3 * expected, rel=1e-6)
+    mask = jnp.asarray(data["loss_mask"])
+    with pytest.raises(ValueError, match="route_entropy"):
         grpo_loss(
             config, logprobs=mask * 0.0, entropy=mask * 0.0, old_logprobs=mask * 0.0, sampler_logprobs=mask * 0.0,
             ref_logprobs=None, advantages=mask * 0.0, loss_mask=mask, token_weights=mask * 0.0, num_tokens=1.0,
@@ -264,6 +290,12 @@ def test_clip_fraction_metrics_count_clipped_tokens():
         (dict(aggregation="seq-mean-token-sum-norm"), "norm_length"),
         (dict(kl_coef=-1.0), "kl_coef"),
         (dict(mismatch_cap=1.0), "mismatch_cap"),
+        (dict(route_entropy_coef=-0.1), "route_entropy_coef"),
+        (dict(route_entropy_coef=float("nan")), "route_entropy_coef"),
+        (dict(route_entropy_coef=0.1), "route_token_ids"),
+        (dict(route_entropy_coef=0.1, route_token_ids=(3,)), "route_token_ids"),
+        (dict(route_entropy_coef=0.1, route_token_ids=(3, 3)), "route_token_ids"),
+        (dict(route_entropy_coef=0.1, route_token_ids=(-1, 3)), "route_token_ids"),
         (dict(domain_decorrelation_coef=-0.1), "domain_decorrelation_coef"),
         (dict(domain_decorrelation_coef=float("nan")), "domain_decorrelation_coef"),
     ],

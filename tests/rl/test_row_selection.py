@@ -80,6 +80,27 @@ def test_zero_gradient_rows_are_those_without_loss_tokens_and_without_kl_or_entr
 
 
 @pytest.mark.parametrize(
+    "loss", [LossConfig(route_entropy_coef=0.01, route_token_ids=(8, 9)), LossConfig(domain_decorrelation_coef=0.5)]
+)
+def test_zero_advantage_rows_run_when_a_term_reads_their_route_token(loss):
+    batch = build(
+        prompt_ids=[[1]] * 4,
+        completion_ids=[[9], [9], [9], [9]],
+        sampler_logprobs=[[-1.0]] * 4,
+        advantages=[0.0, 0.0, 0.5, 0.0],
+        group_ids=[0] * 4,
+        pad_id=0,
+        length_buckets=(4,),
+        completion_buckets=(1,),
+        domains=[0, -1, 1, 1],
+        route_positions=[0, 0, 0, 0],
+    )
+    batch = batch.replace(loss_mask=np.asarray(batch.loss_mask) & np.array([[True], [True], [True], [False]]))
+    # Row 1 has no route token and no advantage; row 3 has no loss token at all.
+    assert row_selection.zero_gradient_rows(batch, loss).tolist() == [False, True, False, True]
+
+
+@pytest.mark.parametrize(
     "no_gradient, unit, micro_batch_size, first_step, expected",
     [
         # Units (pairs) 0 and 3 have a gradient: 4 rows, already a power of two.
