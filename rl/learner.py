@@ -198,8 +198,8 @@ def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: i
     """Log-probs and entropies [B, T], one row for each entry of `rows.source`, and with `state_positions` ([B],
     completion token indices) the float32 state that predicts that token in each row ([B, H]) and the entropy it
     predicts over the loss's `route_token_ids` ([B], differentiable; `models.logprobs.state_entropy`); else None and
-    None. Columns before
-    `completion_start` carry no loss: they are 0, and their vocabulary logits are never computed."""
+    None. Columns before `completion_start` carry no loss: they are 0, and their vocabulary logits are never
+    computed."""
     model = nnx.merge(graphdef, params, other_state)
     predicting = completion_predictors(
         model, rows.tokens, rows.positions, rows.attention_mask, completion_start, rows.prompt_block

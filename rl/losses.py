@@ -297,9 +297,9 @@ def grpo_loss(
     mini-batch, so summing loss and metrics over micro-batches gives the mini-batch values exactly. Metrics other
     than the loss parts are token means over the mini-batch, but "route_entropy", which weighs rows as the loss
     does. `route_entropy` (needed with `route_entropy_coef`) is [B]: each row's routing entropy H_b (above), 0 for
-    a row without a worker id. `state_overlap` (needed with
-    `domain_decorrelation_coef`) is `domain_state_overlap` over this micro-batch's rows divided by the mini-batch's
-    number of micro-batches, so the sum is the mean over its micro-batches (the whole mini-batch's without any).
+    a row without a worker id. `state_overlap` (needed with `domain_decorrelation_coef`) is `domain_state_overlap`
+    over this micro-batch's rows divided by the mini-batch's number of micro-batches, so the sum is the mean over its
+    micro-batches (the whole mini-batch's without any).
     """
     # Padding positions may hold anything; zero them so no exp() there can overflow into inf * 0 = NaN.
     logprobs, entropy, old_logprobs, sampler_logprobs = (
