@@ -196,10 +196,10 @@ class ModelRows:
 
 def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: int, config, state_positions=None):
     """Log-probs and entropies [B, T], one row for each entry of `rows.source`, and with `state_positions` ([B],
-    completion token indices) the float32 state that predicts that token in each row ([B, H]) and the entropy it
-    predicts over the loss's `route_token_ids` ([B], differentiable; `models.logprobs.state_entropy`); else None and
-    None. Columns before `completion_start` carry no loss: they are 0, and their vocabulary logits are never
-    computed."""
+    completion token indices) the float32 state that predicts that token in each row ([B, H]) and, with the route
+    entropy bonus, the entropy it predicts over the loss's `route_token_ids` ([B], differentiable;
+    `models.logprobs.state_entropy`); None for what is not asked for. Columns before `completion_start` carry no
+    loss: they are 0, and their vocabulary logits are never computed."""
     model = nnx.merge(graphdef, params, other_state)
     predicting = completion_predictors(
         model, rows.tokens, rows.positions, rows.attention_mask, completion_start, rows.prompt_block
@@ -217,8 +217,9 @@ def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: i
     if state_positions is None:
         return logprobs, entropy, None, None
     states = predicting[rows.source, state_positions]
-    route_token_ids = config.loss.route_token_ids or None
-    entropies = state_entropy(model, states, temperature=config.temperature, token_ids=route_token_ids)
+    entropies = None
+    if config.loss.route_entropy_coef:
+        entropies = state_entropy(model, states, temperature=config.temperature, token_ids=config.loss.route_token_ids)
     return logprobs, entropy, states.astype(jnp.float32), entropies
 
 
