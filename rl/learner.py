@@ -240,12 +240,13 @@ def _apply_gradients(params, opt_state, grads, config):
 @functools.partial(jax.jit, static_argnames=("graphdef", "config"), donate_argnames=("params", "opt_state"))
 def _train_step(
     graphdef, params, other_state, opt_state, batch: Trajectories, model_rows: ModelRows, token_weights, ref_logprobs,
-    on_policy, *, config,
+    on_policy, optimizer_step, *, config,
 ):
     """One optimizer step on a mini-batch, its gradient accumulated over micro-batches. `token_weights` are the
     aggregation weights of these rows within the whole mini-batch (`rl.losses.aggregation_weights`). `on_policy`
     (a traced bool, so that the first step of an update and the others share one program): the weights are those
-    that sampled the batch, so the old log-probs are the current ones."""
+    that sampled the batch, so the old log-probs are the current ones. `optimizer_step` (traced too) is the step the
+    loss's schedules read."""
     num_tokens = jnp.maximum(batch.loss_mask.sum(), 1).astype(jnp.float32)
     num_micro_batches = batch.batch_size // (config.micro_batch_size or batch.batch_size)
 
@@ -276,6 +277,7 @@ def _train_step(
             num_tokens=num_tokens,
             route_entropy=route_entropy,
             state_overlap=state_overlap,
+            step=optimizer_step,
         )
 
     def micro_gradient(micro):
@@ -409,7 +411,7 @@ class Learner:
         if not self.config.skip_zero_gradient_rows:
             return np.arange(mini_batch.batch_size)
         return row_selection.rows_to_run(
-            row_selection.zero_gradient_rows(mini_batch, self.config.loss),
+            row_selection.zero_gradient_rows(mini_batch, self.config.loss, self.optimizer_step),
             math.lcm(self._prompt_block(mini_batch), self._data_parallel),
             self.config.micro_batch_size,
             first_step=first_step,
@@ -490,7 +492,8 @@ class Learner:
                 else:
                     params, opt_state, metrics = _train_step(
                         self._graphdef, params, self._other_state, opt_state, step.batch, step.model_rows,
-                        step.token_weights, step.ref_logprobs, np.bool_(epoch == 0 and index == 0), config=self.config,
+                        step.token_weights, step.ref_logprobs, np.bool_(epoch == 0 and index == 0),
+                        np.int32(self.optimizer_step), config=self.config,
                     )
                 nnx.update(self.model, params)
                 self.opt_state = opt_state
@@ -511,6 +514,11 @@ class Learner:
         rows_run = sum(0 if step is None else step.real_rows for step in steps)
         model_rows = sum(0 if step is None else step.model_rows.tokens.shape[0] for step in steps)
         padding_rows = sum(mini_batch.batch_size - real_rows for mini_batch, real_rows in mini_batches)
+        if self.config.loss.route_entropy_coef:
+            first_step = self.optimizer_step - len(step_metrics)
+            averaged["route_entropy_coef"] = float(np.mean([
+                self.config.loss.route_entropy_coef_at(step) for step in range(first_step, self.optimizer_step)
+            ]))
         return averaged | {
             "lr": float(np.mean(learning_rates)),
             "optimizer_steps": float(len(step_metrics)),

@@ -59,6 +59,9 @@ class LossConfig:
         enough to compare. Restricted, it leaves the probability of writing a worker id at all, and every other
         token of the workflow, to the policy loss; a full-vocabulary bonus (`entropy_coef`) spreads probability
         over the vocabulary and breaks the format. Needs each row's domain and route position.
+    route_entropy_decay_steps: 0 keeps `route_entropy_coef` constant; N > 0 lowers it linearly to zero over the
+        first N optimizer steps (`route_entropy_coef_at`): every worker is tried while the grades are first seen,
+        then the policy sharpens onto the best, whose greedy route a near-uniform policy would leave to chance.
     mismatch_correction: corrects for the sampler's log-probs differing from the learner's at the same weights,
         with w = pi_learner_old / pi_sampler: "tis-token" multiplies each token by min(w_t, cap), "tis-seq" each
         sequence by min(prod_t w_t, cap) (truncated importance sampling, Yao et al. 2025); "mask-token" drops tokens
@@ -81,6 +84,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     route_entropy_coef: float = 0.0
     route_token_ids: tuple[int, ...] = ()
+    route_entropy_decay_steps: int = 0
     mismatch_correction: MismatchCorrection = "none"
     mismatch_cap: float = 2.0
     domain_decorrelation_coef: float = 0.0
@@ -114,6 +118,17 @@ class LossConfig:
             raise ValueError(
                 f"LossConfig.route_entropy_coef needs route_token_ids: two or more distinct token ids, got {ids}"
             )
+        if self.route_entropy_decay_steps < 0 or (self.route_entropy_decay_steps and not self.route_entropy_coef):
+            raise ValueError(
+                "LossConfig.route_entropy_decay_steps must be >= 0, and needs route_entropy_coef > 0, got "
+                f"{self.route_entropy_decay_steps} with route_entropy_coef={self.route_entropy_coef}"
+            )
+
+    def route_entropy_coef_at(self, step):
+        """The route entropy bonus's weight at optimizer step `step` (an int, or a traced array in a jitted step)."""
+        if not self.route_entropy_decay_steps:
+            return self.route_entropy_coef
+        return self.route_entropy_coef * jnp.clip(1.0 - step / self.route_entropy_decay_steps, 0.0, 1.0)
 
     @property
     def reads_route_positions(self) -> bool:
@@ -290,8 +305,10 @@ def grpo_loss(
     num_tokens: jax.Array,
     route_entropy: jax.Array | None = None,
     state_overlap: jax.Array | None = None,
+    step: jax.Array | int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The whole objective on one micro-batch: (loss, metrics), each a sum over this micro-batch's tokens.
+    """The whole objective on one micro-batch at optimizer step `step`: (loss, metrics), each a sum over this
+    micro-batch's tokens.
 
     `token_weights` come from `aggregation_weights` and `num_tokens` is the loss-token count, both of the whole
     mini-batch, so summing loss and metrics over micro-batches gives the mini-batch values exactly. Metrics other
@@ -323,7 +340,7 @@ def grpo_loss(
         if route_entropy is None:
             raise ValueError("LossConfig.route_entropy_coef needs the rows' route_entropy")
         weighted_route_entropy = jnp.sum(token_weights.sum(axis=1) * route_entropy)
-        parts["loss/route_entropy"] = -config.route_entropy_coef * weighted_route_entropy
+        parts["loss/route_entropy"] = -config.route_entropy_coef_at(step) * weighted_route_entropy
         loss = loss + parts["loss/route_entropy"]
     if config.domain_decorrelation_coef:
         if state_overlap is None:

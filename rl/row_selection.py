@@ -3,7 +3,8 @@
 Neither choice changes the update:
 - Skipped rows (`LearnerConfig.skip_zero_gradient_rows`, `rows_to_run`): rows whose loss has no gradient are not
   run: rows without loss tokens, and, when there is no KL or entropy term, rows whose advantage is 0 (a GRPO group
-  whose rewards all agree) unless the route entropy or domain decorrelation term reads their route token. Every
+  whose rewards all agree) unless the route entropy or domain decorrelation term reads their route token (a route
+  entropy bonus decayed to zero reads none). Every
   policy loss is a multiple of the advantage (`rl.losses.POLICY_LOSSES`, each tested for it), so such rows add
   exactly nothing to the gradient; they still count in the aggregation's token and sequence totals, which come from
   the whole mini-batch. A mini-batch with nothing to run still takes its optimizer step, with a zero gradient,
@@ -29,14 +30,16 @@ from rl.losses import LossConfig
 from rl.trajectories import Trajectories
 
 
-def zero_gradient_rows(batch: Trajectories, loss: LossConfig) -> np.ndarray:
+def zero_gradient_rows(batch: Trajectories, loss: LossConfig, step: int = 0) -> np.ndarray:
     """[rows] bool: rows without loss tokens, and, without a KL or entropy term, rows whose advantage is 0 and whose
-    route token no route entropy or domain decorrelation term reads (a row with a domain, when one is on)."""
+    route token no route entropy or domain decorrelation term reads at optimizer step `step` and after it (a row
+    with a domain, while one is on: a decayed route entropy bonus stays off)."""
     loss_mask = np.asarray(batch.loss_mask)
     no_gradient = ~loss_mask.any(axis=1)
     if not (loss.kl_coef or loss.entropy_coef):
         zero_advantage = ~(loss_mask & (np.asarray(batch.advantages) != 0)).any(axis=1)
-        if loss.reads_route_positions and batch.domains is not None:
+        reads_route = loss.domain_decorrelation_coef > 0 or loss.route_entropy_coef_at(step) > 0
+        if reads_route and batch.domains is not None:
             zero_advantage &= np.asarray(batch.domains) < 0
         no_gradient |= zero_advantage
     return no_gradient

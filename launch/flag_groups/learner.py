@@ -62,6 +62,12 @@ _OPTIMIZER_FIELDS = {
     "max_grad_norm": flags.DEFINE_float("max_grad_norm", 1.0, "Global gradient-norm clip."),
 }
 _WARMUP_RATIO = flags.DEFINE_float("warmup_ratio", 0.03, "Fraction of optimizer steps spent warming up.")
+_ROUTE_ENTROPY_DECAY_RATIO = flags.DEFINE_float(
+    "route_entropy_decay_ratio", 0.0,
+    "Fraction of the run's optimizer steps over which --route_entropy_coef falls linearly to zero (0: constant): "
+    "every worker is tried early, then the routing sharpens onto the best.",
+    lower_bound=0.0, upper_bound=1.0,
+)
 # Kept only to stop an old flagfile: absl would suggest --iterations, which counts something else.
 flags.DEFINE_integer("num_iterations", None, "Renamed --ppo_epochs; setting it is an error.")
 flags.register_validator(
@@ -98,8 +104,8 @@ def from_flags(loop: LoopConfig, sampling: SamplingParams, route_token_ids: tupl
     """The learner's config for `loop`'s batches, sampled with `sampling`; `route_token_ids` are the tokens that can
     write a worker id (`launch.loop_environment.TokenizedConductorEnv.route_token_ids`), which --route_entropy_coef
     needs. With recursion rounds the row count varies, and so does the number of optimizer steps of an update; the
-    learning-rate schedule is sized for the largest batch (`loop.max_rows`), so it never ends before the run does
-    (`OptimizerConfig`)."""
+    learning-rate schedule and the route entropy bonus's decay count the optimizer steps of the largest batch
+    (`loop.max_rows`), so neither runs out early (`OptimizerConfig`)."""
     update = field_values(_UPDATE_FIELDS)
     steps_per_update = optimizer_steps_per_update(loop.max_rows, update["mini_batch_size"], update["ppo_epochs"])
     total_steps = loop.iterations * steps_per_update
@@ -110,7 +116,8 @@ def from_flags(loop: LoopConfig, sampling: SamplingParams, route_token_ids: tupl
     )
     return LearnerConfig(
         loss=LossConfig(
-            **field_values(_LOSS_FIELDS), norm_length=sampling.max_new_tokens, route_token_ids=route_token_ids
+            **field_values(_LOSS_FIELDS), norm_length=sampling.max_new_tokens, route_token_ids=route_token_ids,
+            route_entropy_decay_steps=int(round(_ROUTE_ENTROPY_DECAY_RATIO.value * total_steps)),
         ),
         optimizer=optimizer,
         **update,

@@ -73,6 +73,18 @@ def test_the_entropy_flags_reach_the_loss_config_with_the_route_tokens_and_a_neg
         flags.FLAGS(["train", "--route_entropy_coef=-0.1"])
 
 
+def test_the_route_entropy_decay_ratio_counts_the_runs_optimizer_steps():
+    # 32 completions in mini-batches of 8, ten iterations: 40 optimizer steps, the bonus gone after 30 of them.
+    with flagsaver.flagsaver(route_entropy_coef=0.01, route_entropy_decay_ratio=0.75, iterations=10, mini_batch_size=8):
+        loss = learner_config(route_token_ids=(32, 33)).loss
+    assert loss.route_entropy_decay_steps == 30
+    assert float(loss.route_entropy_coef_at(15)) == pytest.approx(0.005) and loss.route_entropy_coef_at(30) == 0.0
+    with flagsaver.flagsaver(route_entropy_decay_ratio=0.5), pytest.raises(ValueError, match="decay_steps"):
+        learner_config()
+    with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match="route_entropy_decay_ratio"):
+        flags.FLAGS(["train", "--route_entropy_decay_ratio=1.5"])
+
+
 def test_the_renamed_num_iterations_flag_is_refused_with_its_new_name():
     # absl alone would answer "Unknown command line flag 'num_iterations'. Did you mean: iterations ?", the loop's.
     with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match="now --ppo_epochs"):

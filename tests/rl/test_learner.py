@@ -498,6 +498,29 @@ def test_the_route_entropy_bonus_adds_the_route_tokens_entropy_gradient_to_the_u
         np.testing.assert_allclose(got - without, np.asarray(move), rtol=0, atol=1e-3 * largest)
 
 
+def test_a_decayed_route_entropy_bonus_leaves_the_plain_update_and_skips_its_rows_again():
+    batch = _domain_batch()
+    loss = LossConfig(route_entropy_coef=10.0, route_token_ids=(17, 40, 41, 99, 230), route_entropy_decay_steps=2)
+    optimizer = SGDConfig(learning_rate=SGD_RATE, max_grad_norm=None)
+    # Two optimizer steps per update: the first update's are steps 0 and 1, at the full and at half the weight.
+    decaying = Learner(_model(), LearnerConfig(loss=loss, optimizer=optimizer, mini_batch_size=8))
+    first = decaying.update(batch)
+    assert first["route_entropy_coef"] == pytest.approx(7.5) and first["skipped_rows"] == 0.0
+    assert first["loss/route_entropy"] < 0.0
+
+    # From step 2 on the bonus is zero: the update is the plain learner's from the same state, row for row.
+    plain = Learner(_model(seed=123), LearnerConfig(optimizer=optimizer, mini_batch_size=8))
+    plain.load_state(
+        params=jax.tree.map(jnp.copy, decaying.params), opt_state=jax.tree.map(jnp.copy, decaying.opt_state),
+        reference_params=None, step=decaying.step, optimizer_step=decaying.optimizer_step,
+    )
+    second, plain_second = decaying.update(batch), plain.update(batch)
+    assert second["route_entropy_coef"] == 0.0 and second["loss/route_entropy"] == 0.0
+    assert second["skipped_rows"] == plain_second["skipped_rows"] == 0.5
+    for got, expected in zip(_params_of(decaying), _params_of(plain)):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-7)
+
+
 def test_a_sharded_decorrelated_update_matches_one_device():
     config = LearnerConfig(
         loss=LossConfig(domain_decorrelation_coef=0.7), optimizer=SGDConfig(learning_rate=SGD_RATE, momentum=0.9),

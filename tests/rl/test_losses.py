@@ -112,7 +112,7 @@ def numpy_objective(config: LossConfig, data) -> float:
     return np.sum([t.sum() for t in per_sequence]) / (len(per_sequence) * config.norm_length)
 
 
-def _jax_objective(config: LossConfig, data, rows=slice(None)):
+def _jax_objective(config: LossConfig, data, rows=slice(None), step=0):
     mask = jnp.asarray(data["loss_mask"])
     advantages = jnp.broadcast_to(jnp.asarray(data["advantages"], jnp.float32)[:, None], mask.shape)
     weights = aggregation_weights(mask, config)
@@ -122,7 +122,7 @@ def _jax_objective(config: LossConfig, data, rows=slice(None)):
         logprobs=take(data["logprobs"]), entropy=take(data["entropy"]), old_logprobs=take(data["old_logprobs"]),
         sampler_logprobs=take(data["sampler_logprobs"]), ref_logprobs=take(data["ref_logprobs"]),
         advantages=advantages[rows], loss_mask=mask[rows], token_weights=weights[rows],
-        num_tokens=mask.sum().astype(jnp.float32), route_entropy=take(data["route_entropy"]),
+        num_tokens=mask.sum().astype(jnp.float32), route_entropy=take(data["route_entropy"]), step=step,
     )
 
 
@@ -213,6 +213,23 @@ def test_the_route_entropy_metric_is_the_mean_route_entropy_over_rows_with_loss_
         )
 
 
+def test_a_decaying_route_entropy_bonus_falls_linearly_to_zero_over_its_decay_steps():
+    decaying = LossConfig(route_entropy_coef=0.3, route_token_ids=(4, 7), route_entropy_decay_steps=4)
+    coefs = [float(decaying.route_entropy_coef_at(step)) for step in (0, 1, 2, 3, 4, 9)]
+    np.testing.assert_allclose(coefs, [0.3, 0.225, 0.15, 0.075, 0.0, 0.0], rtol=1e-6)
+    constant = dataclasses.replace(decaying, route_entropy_decay_steps=0)
+    assert constant.route_entropy_coef_at(10_000) == 0.3
+
+    # Inside a jitted step the step is traced, and the objective is the reference objective at that step's weight.
+    data = _inputs(0)
+    objective = jax.jit(lambda step: _jax_objective(decaying, data, step=step))
+    for step, coef in ((0, 0.3), (1, 0.225), (6, 0.0)):
+        loss, metrics = objective(jnp.int32(step))
+        expected = numpy_objective(dataclasses.replace(constant, route_entropy_coef=coef), data)
+        np.testing.assert_allclose(float(loss), expected, rtol=2e-5, atol=1e-6)
+        assert float(metrics["loss/route_entropy"]) == pytest.approx(-coef * float(metrics["route_entropy"]), abs=1e-7)
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_micro_batch_sums_equal_whole_batch(name):
     config = CONFIGS[name]
@@ -296,6 +313,8 @@ def test_clip_fraction_metrics_count_clipped_tokens():
         (dict(route_entropy_coef=0.1, route_token_ids=(3,)), "route_token_ids"),
         (dict(route_entropy_coef=0.1, route_token_ids=(3, 3)), "route_token_ids"),
         (dict(route_entropy_coef=0.1, route_token_ids=(-1, 3)), "route_token_ids"),
+        (dict(route_entropy_coef=0.1, route_token_ids=(3, 4), route_entropy_decay_steps=-1), "decay_steps"),
+        (dict(route_entropy_decay_steps=10), "decay_steps"),
         (dict(domain_decorrelation_coef=-0.1), "domain_decorrelation_coef"),
         (dict(domain_decorrelation_coef=float("nan")), "domain_decorrelation_coef"),
     ],

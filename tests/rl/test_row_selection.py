@@ -1,5 +1,7 @@
 """Which rows an optimizer step runs: rows with no gradient skipped, each distinct row of a block run once."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -98,6 +100,11 @@ def test_zero_advantage_rows_run_when_a_term_reads_their_route_token(loss):
     batch = batch.replace(loss_mask=np.asarray(batch.loss_mask) & np.array([[True], [True], [True], [False]]))
     # Row 1 has no route token and no advantage; row 3 has no loss token at all.
     assert row_selection.zero_gradient_rows(batch, loss).tolist() == [False, True, False, True]
+    if loss.route_entropy_coef:
+        # Decaying to zero over 10 optimizer steps: read until step 10, not from then on.
+        decaying = dataclasses.replace(loss, route_entropy_decay_steps=10)
+        assert row_selection.zero_gradient_rows(batch, decaying, step=9).tolist() == [False, True, False, True]
+        assert row_selection.zero_gradient_rows(batch, decaying, step=10).tolist() == [True, True, False, True]
 
 
 @pytest.mark.parametrize(
