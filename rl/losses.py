@@ -124,7 +124,7 @@ class LossConfig:
                 f"{self.route_entropy_decay_steps} with route_entropy_coef={self.route_entropy_coef}"
             )
 
-    def route_entropy_coef_at(self, step):
+    def route_entropy_coef_at(self, step: int | jax.Array) -> float | jax.Array:
         """The route entropy bonus's weight at optimizer step `step` (an int, or a traced array in a jitted step)."""
         if not self.route_entropy_decay_steps:
             return self.route_entropy_coef
