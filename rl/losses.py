@@ -130,10 +130,17 @@ class LossConfig:
             return self.route_entropy_coef
         return self.route_entropy_coef * jnp.clip(1.0 - step / self.route_entropy_decay_steps, 0.0, 1.0)
 
+    def reads_route_positions_at(self, step: int) -> bool:
+        """Whether a term reads each row's route token at optimizer step `step` (a host int); a route entropy bonus
+        whose decay has reached zero does not, and never does again (its weight only falls)."""
+        decayed = bool(self.route_entropy_decay_steps) and step >= self.route_entropy_decay_steps
+        return bool(self.domain_decorrelation_coef or (self.route_entropy_coef and not decayed))
+
     @property
     def reads_route_positions(self) -> bool:
-        """Whether a term needs each row's domain and route position (`Trajectories.domains`, `route_positions`)."""
-        return bool(self.route_entropy_coef or self.domain_decorrelation_coef)
+        """Whether a term needs each row's domain and route position (`Trajectories.domains`, `route_positions`) at
+        any step: at the first, where every weight is at its largest."""
+        return self.reads_route_positions_at(0)
 
 
 def aggregation_weights(loss_mask: jax.Array, config: LossConfig) -> jax.Array:

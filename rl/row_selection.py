@@ -4,13 +4,12 @@ Neither choice changes the update:
 - Skipped rows (`LearnerConfig.skip_zero_gradient_rows`, `rows_to_run`): rows whose loss has no gradient are not
   run: rows without loss tokens, and, when there is no KL or entropy term, rows whose advantage is 0 (a GRPO group
   whose rewards all agree) unless the route entropy or domain decorrelation term reads their route token (a route
-  entropy bonus decayed to zero reads none). Every
-  policy loss is a multiple of the advantage (`rl.losses.POLICY_LOSSES`, each tested for it), so such rows add
-  exactly nothing to the gradient; they still count in the aggregation's token and sequence totals, which come from
-  the whole mini-batch. A mini-batch with nothing to run still takes its optimizer step, with a zero gradient,
-  because AdamW's momentum moves the parameters anyway. Token-mean metrics (entropy, ratio, clip fractions,
-  mismatch) are then over the rows that ran; the update's first step always runs, so the learner/sampler mismatch
-  is measured every update.
+  entropy bonus decayed to zero reads none). Every policy loss is a multiple of the advantage
+  (`rl.losses.POLICY_LOSSES`, each tested for it), so such rows add exactly nothing to the gradient; they still count
+  in the aggregation's token and sequence totals, which come from the whole mini-batch. A mini-batch with nothing to
+  run still takes its optimizer step, with a zero gradient, because AdamW's momentum moves the parameters anyway.
+  Token-mean metrics (entropy, ratio, clip fractions, mismatch) are then over the rows that ran; the update's first
+  step always runs, so the learner/sampler mismatch is measured every update.
 - Duplicate rows (`LearnerConfig.run_duplicates_once`, `model_rows`): rows identical to an earlier row of their
   prompt block (the same prompt and completion: a sharpening Conductor often writes one workflow several times in a
   group) are not run either: they take that row's log-probs and entropies, and autodiff sums their loss gradients
@@ -38,8 +37,7 @@ def zero_gradient_rows(batch: Trajectories, loss: LossConfig, step: int = 0) -> 
     no_gradient = ~loss_mask.any(axis=1)
     if not (loss.kl_coef or loss.entropy_coef):
         zero_advantage = ~(loss_mask & (np.asarray(batch.advantages) != 0)).any(axis=1)
-        reads_route = loss.domain_decorrelation_coef > 0 or loss.route_entropy_coef_at(step) > 0
-        if reads_route and batch.domains is not None:
+        if loss.reads_route_positions_at(step) and batch.domains is not None:
             zero_advantage &= np.asarray(batch.domains) < 0
         no_gradient |= zero_advantage
     return no_gradient
