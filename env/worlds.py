@@ -14,6 +14,8 @@ import dataclasses
 import random
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from env import tasks as task_library
 from env.rewards import RewardConfig
 from env.tasks.base import Task
@@ -286,6 +288,15 @@ def _replay(config: ReplayWorldConfig) -> World:
             task_library.load(f"routerdc/{stem}", path=config.data_dir, limit=config.limit_per_file, seed=config.seed)
         )
     return World("replay", pool, tasks)
+
+
+def replay_grades_by_family(tasks: Sequence[Task]) -> dict[str, np.ndarray]:
+    """{family: grades[question, worker]} of replayed tasks, families sorted and workers in `ROUTERDC_MODELS` order;
+    each grade is the worker's recorded chance of being right, and a task listed twice is two rows."""
+    rows: dict[str, list[list[float]]] = {}
+    for task in tasks:
+        rows.setdefault(task.domain, []).append([task.metadata["scores"][model] for model in ROUTERDC_MODELS])
+    return {family: np.asarray(rows[family]) for family in sorted(rows)}
 
 
 def replay_reference_points(tasks: Sequence[Task]) -> dict[str, float | str]:

@@ -22,9 +22,8 @@ import pathlib
 import numpy as np
 from transformers import AutoTokenizer
 
-from env.tasks.routerdc import probability_right
 from env.workers.replay import ROUTERDC_MODELS
-from env.worlds import ReplayWorldConfig, build_world
+from env.worlds import ReplayWorldConfig, build_world, replay_grades_by_family
 
 TRAIN_FILES = ("mmlu_train", "gsm8k-train", "cmmlu_train", "arc_challenge_train", "humaneval_train")
 SHORT = [model.split("/")[1][:12] for model in ROUTERDC_MODELS]
@@ -32,11 +31,7 @@ SHORT = [model.split("/")[1][:12] for model in ROUTERDC_MODELS]
 
 def family_means(tasks) -> dict[str, np.ndarray]:
     """Per family, in sorted order, every worker's mean grade over `tasks` (a task listed twice counts twice)."""
-    grades = collections.defaultdict(list)
-    for task in tasks:
-        scores = task.metadata["scores"]
-        grades[task.domain].append([probability_right(task.domain, scores[model]) for model in ROUTERDC_MODELS])
-    return {family: np.mean(np.asarray(rows), axis=0) for family, rows in sorted(grades.items())}
+    return {family: grades.mean(axis=0) for family, grades in replay_grades_by_family(tasks).items()}
 
 
 def family_table(tasks) -> None:

@@ -11,13 +11,10 @@ the two score on the test file and what the gap costs the five-file average (a f
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 
-from env.tasks.routerdc import probability_right
 from env.workers.replay import ROUTERDC_MODELS
-from env.worlds import ReplayWorldConfig, build_world
+from env.worlds import ReplayWorldConfig, build_world, replay_grades_by_family
 
 TRAIN_FILES = ("mmlu_train", "gsm8k-train", "cmmlu_train", "arc_challenge_train", "humaneval_train")
 TEST_FILES = ("mmlu_test", "gsm8k-test", "cmmlu_test", "arc_challenge_test", "humaneval_test")
@@ -26,11 +23,7 @@ Z_ALPHA, Z_POWER = 1.645, 0.842
 
 def family_grades(files: tuple[str, ...]) -> dict[str, np.ndarray]:
     """{family: grades[question, worker]}, each grade the worker's recorded chance of being right."""
-    grades = collections.defaultdict(list)
-    for task in build_world(ReplayWorldConfig(files=files)).tasks:
-        scores = task.metadata["scores"]
-        grades[task.domain].append([probability_right(task.domain, scores[model]) for model in ROUTERDC_MODELS])
-    return {family: np.asarray(rows) for family, rows in grades.items()}
+    return replay_grades_by_family(build_world(ReplayWorldConfig(files=files)).tasks)
 
 
 def main() -> None:
