@@ -8,6 +8,8 @@ domain (`--sft_reasoning=domain` runs; decoded with the run's conductor_init tok
 routes each worker got. Then the feedback the run could have had: per family, every worker's mean grade over the
 questions the run drew (each drawn question once per iteration that drew it), the best worker on that sample and its
 lead over the second: where that lead is small, the family's route is a coin flip for any learner fed those draws.
+Last, where the policy gradient's weight went: per family, the share of its rows with a nonzero advantage and the
+family's share of the run's summed |advantage| (a family whose groups seldom tie pulls the shared parameters hardest).
 Reads the run's rollouts.jsonl (one-step workflows); its question indices are those of the five train files in
 replay_routerdc.cfg's `--tasks` order.
 """
@@ -50,6 +52,19 @@ def drawn_questions_report(records, tasks) -> None:
               + f"  {questions[family]} questions; best {SHORT[first]} by {means[first] - means[second]:.3f}")
 
 
+def advantage_weight_report(records, tasks) -> None:
+    rows, nonzero, weight = collections.Counter(), collections.Counter(), collections.Counter()
+    for r in records:
+        family = tasks[r["question"]].domain
+        rows[family] += 1
+        nonzero[family] += r["advantage"] != 0
+        weight[family] += abs(r["advantage"])
+    total = sum(weight.values())
+    print("  where the policy gradient's weight went (rows with a nonzero advantage; share of the summed |advantage|):")
+    for family in sorted(rows):
+        print(f"    {family:11} {nonzero[family] / rows[family]:12.2f} {weight[family] / total:12.2f}")
+
+
 def window_report(records, tasks, tokenizer) -> None:
     named = np.mean([
         f"This is a {tasks[r['question']].domain} question." in tokenizer.decode(r["completion_ids"]) for r in records
@@ -81,6 +96,7 @@ def main() -> None:
             print(f"  iterations {int(start) + 1}-{int(end)}: ", end="")
             window_report([r for r in records if start < r["step"] <= end], tasks, tokenizer)
         drawn_questions_report(records, tasks)
+        advantage_weight_report(records, tasks)
 
 
 if __name__ == "__main__":
