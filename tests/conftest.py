@@ -40,12 +40,14 @@ def _share_compiled_programs() -> None:
     models and shapes through new jit wrappers), and the training runs they start in subprocesses the same steps.
     The first process to get here (pytest's, or its xdist controller) makes the directory and removes it at exit; the
     xdist workers and subprocesses inherit it through the environment. A run starts empty, so CI measures a cold
-    machine."""
+    machine. A size limit turns on the cache's file lock: without one, JAX writes an entry in place, unlocked, and a
+    worker reading it mid-write deserialises a torn executable and segfaults."""
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         directory = tempfile.mkdtemp(prefix="jax-compilation-cache-")
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
         os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 << 30))
 
 
 _share_compiled_programs()
