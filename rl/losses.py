@@ -125,10 +125,14 @@ class LossConfig:
             )
 
     def route_entropy_coef_at(self, step: int | jax.Array) -> float | jax.Array:
-        """The route entropy bonus's weight at optimizer step `step` (an int, or a traced array in a jitted step)."""
+        """The route entropy bonus's weight at optimizer step `step`: a float for a host int (the learner's log,
+        without a device op per step), a traced array for the traced step of a jitted update."""
         if not self.route_entropy_decay_steps:
             return self.route_entropy_coef
-        return self.route_entropy_coef * jnp.clip(1.0 - step / self.route_entropy_decay_steps, 0.0, 1.0)
+        remaining = 1.0 - step / self.route_entropy_decay_steps
+        if isinstance(step, jax.Array):
+            return self.route_entropy_coef * jnp.clip(remaining, 0.0, 1.0)
+        return self.route_entropy_coef * min(max(remaining, 0.0), 1.0)
 
     def reads_route_positions_at(self, step: int) -> bool:
         """Whether a term reads each row's route token at optimizer step `step` (a host int); a route entropy bonus
