@@ -137,8 +137,7 @@ class LossConfig:
     def reads_route_positions_at(self, step: int) -> bool:
         """Whether a term reads each row's route token at optimizer step `step` (a host int); a route entropy bonus
         whose decay has reached zero does not, and never does again (its weight only falls)."""
-        decayed = bool(self.route_entropy_decay_steps) and step >= self.route_entropy_decay_steps
-        return bool(self.domain_decorrelation_coef or (self.route_entropy_coef and not decayed))
+        return bool(self.domain_decorrelation_coef or self.route_entropy_coef_at(step) > 0.0)
 
     @property
     def reads_route_positions(self) -> bool:
