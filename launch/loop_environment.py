@@ -9,7 +9,7 @@ import re
 from typing import Any, Sequence
 
 from env.gym_env import ConductorEnv, Scored
-from env.workflow import Step, Workflow, render_workflow
+from env.workflow import AccessMode, Step, Workflow, render_workflow
 from models.tokenizer import render_chat
 from rl.loop import Rollout
 
@@ -57,9 +57,15 @@ def worker_id_tokens(tokenizer: Any, ids: Sequence[int]) -> tuple[int, ...]:
     return tuple(bisect.bisect_right(range(len(ids)), offset, key=decoded_length) for offset in offsets)
 
 
+def completion_text(workflow: Workflow, access_mode: AccessMode = "binary") -> str:
+    """`workflow` as the Conductor writes it: a newline first, so the workflow follows a blank line after the prompt's
+    prefix (`env.prompts.CONDUCTOR_PREFIX`, which ends in one), the format every teacher and test completion uses."""
+    return "\n" + render_workflow(workflow, access_mode)
+
+
 def completion_ids(environment: TokenizedConductorEnv, workflow: Workflow) -> tuple[int, ...]:
     """The tokens of `workflow` as a target completion, ending with EOS so the Conductor learns to stop."""
-    text = "\n" + render_workflow(workflow, environment.env.config.access_mode)
+    text = completion_text(workflow, environment.env.config.access_mode)
     return tuple(environment.tokenizer.encode(text, add_special_tokens=False)) + (environment.tokenizer.eos_token_id,)
 
 

@@ -22,7 +22,7 @@ from env.workflow import Step, Workflow, render_workflow
 from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, World, build_world, replay_reference_points
 from launch.baselines import BaselineConfig, prompted_conductor_outcomes, run_baselines, workflow_outcomes
 from launch.format_check import greedy_valid_format, held_out_questions
-from launch.loop_environment import TokenizedConductorEnv
+from launch.loop_environment import TokenizedConductorEnv, completion_text
 from launch.outcomes import Outcome, conductor_outcomes
 from launch.report import markdown_report, summarize, write_report
 from models import zoo
@@ -265,7 +265,7 @@ class RoutingGenerator:
 
     def routed(self, prompt, worker: int) -> list[Completion]:
         """The group of one completion that sends `prompt` to `worker`."""
-        text = "\n" + render_workflow(Workflow(steps=(Step(worker, "Solve it."),)))
+        text = completion_text(Workflow(steps=(Step(worker, "Solve it."),)))
         ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
         return [Completion(tuple(prompt), ids, (0.0,) * len(ids), "stop", 0)]
 
@@ -357,12 +357,12 @@ class ScriptedConductor:
 
 def test_greedy_valid_format_counts_the_questions_whose_greedy_workflow_parses():
     tokenizer = load_tokenizer(zoo.smollm2_135m_instruct())
-    valid = "\n" + render_workflow(Workflow(steps=(Step(1, "Solve it."),)))
+    valid = completion_text(Workflow(steps=(Step(1, "Solve it."),)))
     texts = {
         "What is 17 + 25?": valid,
         "Name the capital of France.": "\nmodel_id = [0]\nsubtasks = [[]]",
         "Write a haiku about rain.": valid,
-        "Who wrote Hamlet?": "\n" + render_workflow(Workflow(steps=(Step(2, "Solve it."),))),  # no worker 2 of 2
+        "Who wrote Hamlet?": completion_text(Workflow(steps=(Step(2, "Solve it."),))),  # no worker 2 of 2
         "Is 91 prime?": valid,
     }
     generator = ScriptedConductor(tokenizer, texts)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from env.gym_env import ConductorEnv
-from env.workflow import Step, Workflow, render_workflow
+from env.workflow import Step, Workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch.loop_environment import TokenizedConductorEnv, worker_id_tokens
+from launch.loop_environment import TokenizedConductorEnv, completion_text, worker_id_tokens
 from models import zoo
 from models.tokenizer import load_tokenizer
 
@@ -20,7 +20,7 @@ def world():
 
 def _completion(world, worker: int) -> list[int]:
     workflow = Workflow(steps=(Step(worker, "Solve the question."),), reasoning="One step.")
-    return world.tokenizer.encode("\n" + render_workflow(workflow), add_special_tokens=False)
+    return world.tokenizer.encode(completion_text(workflow), add_special_tokens=False)
 
 
 def test_oracle_route_says_whether_the_final_worker_is_the_optimal_plans(world):
@@ -39,7 +39,7 @@ def test_a_recursion_round_that_keeps_its_answer_is_routed_as_the_round_that_gav
     best = world.env.world.oracle.plans[world.tasks[question].domain].final
     other = (best + 1) % 4
     first = world.score([question] * 2, [_completion(world, best), _completion(world, other)], [None] * 2, [0, 1])
-    keep = world.tokenizer.encode("\n" + render_workflow(Workflow(steps=())), add_special_tokens=False)
+    keep = world.tokenizer.encode(completion_text(Workflow(steps=())), add_special_tokens=False)
     kept = world.score([question] * 2, [keep, keep], [r.context for r in first], [2, 3])
     assert [r.metrics["valid_format"] for r in kept] == [1.0, 1.0] and [r.workers for r in kept] == [(), ()]
     assert [r.metrics["oracle_route"] for r in kept] == [1.0, 0.0]
@@ -51,7 +51,7 @@ def test_a_recursion_round_that_keeps_its_answer_is_routed_as_the_round_that_gav
 )
 def test_multi_step_reading_marks_several_steps_whose_last_reads_every_earlier_one(world, accesses, multi_step_reading):
     workflow = Workflow(steps=tuple(Step(0, "Solve the question.", access) for access in accesses))
-    completion = world.tokenizer.encode("\n" + render_workflow(workflow), add_special_tokens=False)
+    completion = world.tokenizer.encode(completion_text(workflow), add_special_tokens=False)
     [rollout] = world.score([0], [completion], [None], [0])
     assert rollout.metrics["multi_step_reading"] == multi_step_reading
 
@@ -90,7 +90,7 @@ def test_worker_id_tokens_are_empty_without_a_model_id_list(world):
 
 def test_scored_rollouts_name_the_token_of_each_worker_id(world):
     workflow = Workflow(steps=(Step(2, "Solve it."), Step(0, "Check it.", "all")), reasoning="Two steps.")
-    completion = world.tokenizer.encode("\n" + render_workflow(workflow), add_special_tokens=False)
+    completion = world.tokenizer.encode(completion_text(workflow), add_special_tokens=False)
     rollout, unparsed = world.score([0, 0], [completion, world.tokenizer.encode("no workflow")], [None] * 2, [0, 1])
     assert rollout.workers == (2, 0) and len(rollout.route_tokens) == 2
     assert [world.tokenizer.decode([completion[i]]).strip() for i in rollout.route_tokens] == ["2", "0"]

@@ -12,9 +12,9 @@ import pytest
 from flax import nnx
 
 from env.gym_env import ConductorEnv, EnvConfig
-from env.workflow import Step, Workflow, render_workflow
+from env.workflow import Step, Workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch.loop_environment import TokenizedConductorEnv
+from launch.loop_environment import TokenizedConductorEnv, completion_text
 from launch.outcomes import conductor_outcomes
 from models import zoo
 from models.config import ModelConfig
@@ -222,7 +222,7 @@ class ScriptedConductor:
             text = "\nI will not write lists."
         else:
             workflow = Workflow(steps=(Step(draw % self.pool_size, "Solve the question."),), reasoning="One step.")
-            text = "\n" + render_workflow(workflow)
+            text = completion_text(workflow)
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     def generate(self, prompt_ids, params, n):
