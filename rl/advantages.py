@@ -296,6 +296,27 @@ def compute(
     return np.asarray(estimator(rewards, group_ids, **options), dtype=np.float32)
 
 
+def _route_means(advantages, keys: Sequence[Hashable | None]) -> np.ndarray:
+    """Each row's mean advantage over the rows that share its key; a row whose key is None keeps its own."""
+    means = advantages.copy()
+    rows_of = collections.defaultdict(list)
+    for row, key in enumerate(keys):
+        if key is not None:
+            rows_of[key].append(row)
+    for rows in rows_of.values():
+        means[rows] = advantages[rows].mean()
+    return means
+
+
+def _checked_route_adjustment(advantages, routes: Sequence[Hashable | None], fraction: float) -> np.ndarray:
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"the fraction must lie in [0, 1], got {fraction}")
+    advantages = np.asarray(advantages, dtype=np.float32)
+    if advantages.ndim != 1 or len(routes) != advantages.size:
+        raise ValueError(f"{len(routes)} routes for advantages of shape {advantages.shape}")
+    return advantages
+
+
 def balance_routes(advantages, routes: Sequence[Hashable | None], fraction: float = 1.0) -> np.ndarray:
     """Each completion's advantage minus a fraction of the mean advantage of its route over the batch.
 
@@ -310,19 +331,33 @@ def balance_routes(advantages, routes: Sequence[Hashable | None], fraction: floa
     the push a route gets in one stratum from the others' advantages and the bias lambda puts on its own contrasts
     cancel at one lambda, which grows with rho (for F strata of equal similarity, lambda = F rho / (1 + (F - 1) rho)).
     """
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"the balancing fraction must lie in [0, 1], got {fraction}")
-    advantages = np.asarray(advantages, dtype=np.float32)
-    if advantages.ndim != 1 or len(routes) != advantages.size:
-        raise ValueError(f"{len(routes)} routes for advantages of shape {advantages.shape}")
-    balanced = advantages.copy()
-    rows_of = collections.defaultdict(list)
-    for row, route in enumerate(routes):
-        if route is not None:
-            rows_of[route].append(row)
-    for rows in rows_of.values():
-        balanced[rows] -= fraction * advantages[rows].mean()
-    return balanced
+    advantages = _checked_route_adjustment(advantages, routes, fraction)
+    routed = [route is not None for route in routes]
+    return np.where(routed, advantages - fraction * _route_means(advantages, routes), advantages).astype(np.float32)
+
+
+def pool_routes_by_stratum(
+    advantages, routes: Sequence[Hashable | None], strata: Sequence[Hashable], fraction: float = 1.0
+) -> np.ndarray:
+    """Each completion's advantage moved a fraction of the way to its route's mean advantage within its stratum.
+
+    A'_i = (1 - lambda) A_i + lambda * mean_{j: stratum_j = stratum_i, route_j = route_i} A_j with lambda = `fraction`
+    in [0, 1]; a completion without a route (`None`) keeps A_i.
+    Why: a question's own advantage says which worker did best on that question, and a policy that routes question
+    by question fits those per-question wins on the train file. Where two workers are near-equal over a stratum (a
+    task domain), the wins a question's draws give it are noise that does not carry to unseen questions, and the
+    greedy routes of the test file end split between the two at random. Pooled (lambda = 1), every completion of a
+    stratum that took a route carries that route's lead over the stratum's batch: the stratum moves as one, as a
+    bandit over its workers would, and settles on one worker. A route's sum of advantages over the batch, and so the
+    push on the part of the decision state that the strata share, is the same as without pooling. The price: where
+    the best worker differs from question to question within a stratum in a way the policy could learn, pooling
+    hides it.
+    """
+    advantages = _checked_route_adjustment(advantages, routes, fraction)
+    if len(strata) != advantages.size:
+        raise ValueError(f"{len(strata)} strata for advantages of shape {advantages.shape}")
+    keys = [None if route is None else (stratum, route) for route, stratum in zip(routes, strata)]
+    return ((1.0 - fraction) * advantages + fraction * _route_means(advantages, keys)).astype(np.float32)
 
 
 RouteWeighting = Literal["none", "inverse_propensity"]

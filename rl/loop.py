@@ -120,6 +120,9 @@ class LoopConfig:
     environment has those labels, each completion's (its question's) reaches the estimator as its stratum. With
     `balance_routes` lambda > 0, each completion's advantage loses lambda times its route's (the workers its workflow
     called) mean advantage over the batch (`rl.advantages.balance_routes`; 1 takes it wholly relative to that mean).
+    With `pool_routes_by_stratum` lambda > 0 (an environment with `question_strata`), each completion's advantage moves
+    lambda of the way to its route's mean advantage over the batch's completions of its stratum
+    (`rl.advantages.pool_routes_by_stratum`; 1 gives a stratum's completions of one route one advantage).
     With `route_weighting="inverse_propensity"`, the advantage on each token that writes a worker id (the
     environment's `Rollout.route_tokens`) is weighted by the inverse of the sampler's probability of that token,
     self-normalised over the batch and capped at `route_weight_cap` (`rl.advantages.inverse_propensity_route_weights`).
@@ -136,6 +139,7 @@ class LoopConfig:
     estimator_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dynamic_sampling: bool = False
     balance_routes: float = 0.0
+    pool_routes_by_stratum: float = 0.0
     route_weighting: advantage_estimators.RouteWeighting = "none"
     route_weight_cap: float = 5.0
     recursion_rounds: int = 0
@@ -164,6 +168,10 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.recursion_rounds must be >= 0, got {self.recursion_rounds}")
         if not 0.0 <= self.balance_routes <= 1.0:
             raise ValueError(f"LoopConfig.balance_routes is a fraction in [0, 1], got {self.balance_routes}")
+        if not 0.0 <= self.pool_routes_by_stratum <= 1.0:
+            raise ValueError(
+                f"LoopConfig.pool_routes_by_stratum is a fraction in [0, 1], got {self.pool_routes_by_stratum}"
+            )
         if self.route_weighting not in get_args(advantage_estimators.RouteWeighting):
             raise ValueError(
                 f"unknown LoopConfig.route_weighting {self.route_weighting!r}; choose one of "
@@ -260,6 +268,8 @@ class TrainingLoop:
             raise ValueError("stratify_questions needs an environment with question_strata (a label per question)")
         if config.estimator_options.get("std_scaling") == "stratum" and self._question_strata is None:
             raise ValueError("std_scaling='stratum' needs an environment with question_strata (a label per question)")
+        if config.pool_routes_by_stratum and self._question_strata is None:
+            raise ValueError("pool_routes_by_stratum needs an environment with question_strata (a label per question)")
         self._reads_route_positions = learner.config.loss.reads_route_positions
         if learner.config.loss.domain_decorrelation_coef and self._question_strata is None:
             raise ValueError(
@@ -364,8 +374,12 @@ class TrainingLoop:
             options=config.estimator_options,
         )
         advantages = advantage_estimators.credit_lone_later_rounds(advantages, group_ids, episodes)
+        routes = [s.rollouts[i].workers or None for s, i in rows]
+        if config.pool_routes_by_stratum:
+            advantages = advantage_estimators.pool_routes_by_stratum(
+                advantages, routes, strata, config.pool_routes_by_stratum
+            )
         if config.balance_routes:
-            routes = [s.rollouts[i].workers or None for s, i in rows]
             advantages = advantage_estimators.balance_routes(advantages, routes, config.balance_routes)
         keep, dropped_groups = np.ones(len(rows), dtype=bool), 0
         if config.dynamic_sampling:

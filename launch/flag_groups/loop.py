@@ -28,6 +28,13 @@ _FIELDS = {
         "domains), in between the push is partly removed.",
         lower_bound=0.0, upper_bound=1.0,
     ),
+    "pool_routes_by_stratum": flags.DEFINE_float(
+        "pool_routes_by_stratum", 0.0,
+        "Move each completion's advantage this fraction (0 to 1) of the way to its route's mean advantage over the "
+        "batch's completions of its task domain; at 1 a domain's questions move as one onto the worker that leads "
+        "over the domain, instead of each fitting the wins its own draws gave it (needs a world with task domains).",
+        lower_bound=0.0, upper_bound=1.0,
+    ),
     "route_weighting": flags.DEFINE_enum(
         "route_weighting", "none", get_args(RouteWeighting),
         "inverse_propensity: the advantage on each token that writes a worker id is weighted by the inverse of the "

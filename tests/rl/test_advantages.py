@@ -120,6 +120,34 @@ def test_balance_routes_by_a_fraction_removes_that_fraction_of_each_routes_batch
             advantages.balance_routes(values, routes, fraction=fraction)
 
 
+def test_pooling_routes_by_stratum_gives_each_strata_route_its_mean_and_keeps_each_routes_batch_sum():
+    values = np.asarray([1.0, -0.5, 2.0, 0.25, -1.0, 3.0, 0.5, -2.0], dtype=np.float32)
+    routes = [(0,), (1,), (0,), None, (1,), (0,), (1,), (0,)]
+    strata = ["x", "x", "x", "x", "x", "y", "y", "y"]
+    pooled = advantages.pool_routes_by_stratum(values, routes, strata)
+    # x: route 0 rows 0, 2 (mean 1.5), route 1 rows 1, 4 (mean -0.75); y: route 0 rows 5, 7 (0.5), route 1 row 6.
+    expected = np.asarray([1.5, -0.75, 1.5, 0.25, -0.75, 0.5, 0.5, 0.5], dtype=np.float32)
+    np.testing.assert_allclose(pooled, expected, rtol=1e-6)
+    for route in [(0,), (1,)]:
+        rows = [i for i, r in enumerate(routes) if r == route]
+        assert pooled[rows].sum() == pytest.approx(values[rows].sum(), abs=1e-6)
+    partly = advantages.pool_routes_by_stratum(values, routes, strata, fraction=0.25)
+    np.testing.assert_allclose(partly, 0.75 * values + 0.25 * expected, rtol=1e-6)
+    np.testing.assert_array_equal(advantages.pool_routes_by_stratum(values, routes, strata, fraction=0.0), values)
+
+
+def test_pooling_routes_by_stratum_refuses_mismatched_strata_routes_and_fractions():
+    values = np.asarray([1.0, -1.0, 0.5], dtype=np.float32)
+    routes = [(0,), (1,), (0,)]
+    with pytest.raises(ValueError, match="2 strata for advantages of shape"):
+        advantages.pool_routes_by_stratum(values, routes, ["x", "y"])
+    with pytest.raises(ValueError, match="2 routes for advantages of shape"):
+        advantages.pool_routes_by_stratum(values, routes[:2], ["x", "y", "x"])
+    for fraction in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="fraction must lie in"):
+            advantages.pool_routes_by_stratum(values, routes, ["x", "y", "x"], fraction=fraction)
+
+
 
 def test_inverse_propensity_route_weights_are_inverse_probabilities_over_their_batch_mean_capped():
     logprobs = [[np.log(0.5)], [np.log(0.25), np.log(0.1)], []]

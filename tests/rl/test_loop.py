@@ -164,6 +164,29 @@ def test_loop_config_refuses_a_route_balancing_fraction_outside_zero_to_one():
             LoopConfig(iterations=1, balance_routes=fraction)
 
 
+def test_pooled_routes_give_every_completion_of_a_domain_and_route_one_advantage():
+    world = ParityWorld(num_questions=6, routes=3, question_strata=("x", "x", "x", "y", "y", "y"))
+    loop, _ = make_loop(world, iterations=4, stratify_questions=True, pool_routes_by_stratum=1.0)
+    loop.run()
+    pooled = 0
+    for batch in loop.learner.batches:
+        values = np.asarray(batch.advantages)[:, batch.completion_start]
+        routes = first_completion_tokens(batch) % 3
+        questions = np.asarray(batch.tokens)[:, batch.completion_start - 1] - 3
+        row_strata = np.asarray([world.question_strata[q] for q in questions])
+        for label in ("x", "y"):
+            for route in np.unique(routes[row_strata == label]):
+                shared = values[(row_strata == label) & (routes == route)]
+                np.testing.assert_allclose(shared, shared[0], atol=1e-6)
+                pooled += int(shared.size > 1 and shared[0] != 0)
+    assert pooled > 0, "no domain had a route taken twice with a non-zero advantage"
+    with pytest.raises(ValueError, match="pool_routes_by_stratum needs an environment with question_strata"):
+        make_loop(ParityWorld(), pool_routes_by_stratum=1.0)
+    for fraction in (-0.5, 1.01):
+        with pytest.raises(ValueError, match="pool_routes_by_stratum is a fraction in"):
+            LoopConfig(iterations=1, pool_routes_by_stratum=fraction)
+
+
 
 def test_inverse_propensity_route_weighting_scales_the_route_tokens_advantage_alone():
     loop, _ = make_loop(ParityWorld(routes=3), iterations=3, sampler=SeededSampler(varied_logprobs=True),
