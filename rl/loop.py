@@ -166,12 +166,9 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}")
         if self.recursion_rounds < 0:
             raise ValueError(f"LoopConfig.recursion_rounds must be >= 0, got {self.recursion_rounds}")
-        if not 0.0 <= self.balance_routes <= 1.0:
-            raise ValueError(f"LoopConfig.balance_routes is a fraction in [0, 1], got {self.balance_routes}")
-        if not 0.0 <= self.pool_routes_by_stratum <= 1.0:
-            raise ValueError(
-                f"LoopConfig.pool_routes_by_stratum is a fraction in [0, 1], got {self.pool_routes_by_stratum}"
-            )
+        for name in ("balance_routes", "pool_routes_by_stratum"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"LoopConfig.{name} is a fraction in [0, 1], got {getattr(self, name)}")
         if self.route_weighting not in get_args(advantage_estimators.RouteWeighting):
             raise ValueError(
                 f"unknown LoopConfig.route_weighting {self.route_weighting!r}; choose one of "
@@ -264,17 +261,16 @@ class TrainingLoop:
                 "each process samples an equal share of every iteration's questions; choose a multiple"
             )
         self._question_strata = getattr(environment, "question_strata", None)
-        if config.stratify_questions and self._question_strata is None:
-            raise ValueError("stratify_questions needs an environment with question_strata (a label per question)")
-        if config.estimator_options.get("std_scaling") == "stratum" and self._question_strata is None:
-            raise ValueError("std_scaling='stratum' needs an environment with question_strata (a label per question)")
-        if config.pool_routes_by_stratum and self._question_strata is None:
-            raise ValueError("pool_routes_by_stratum needs an environment with question_strata (a label per question)")
+        uses_strata = {
+            "stratify_questions": config.stratify_questions,
+            "std_scaling='stratum'": config.estimator_options.get("std_scaling") == "stratum",
+            "pool_routes_by_stratum": config.pool_routes_by_stratum,
+            "domain_decorrelation_coef": learner.config.loss.domain_decorrelation_coef,
+        }
+        for option, used in uses_strata.items():
+            if used and self._question_strata is None:
+                raise ValueError(f"{option} needs an environment with question_strata (a label per question)")
         self._reads_route_positions = learner.config.loss.reads_route_positions
-        if learner.config.loss.domain_decorrelation_coef and self._question_strata is None:
-            raise ValueError(
-                "domain_decorrelation_coef needs an environment with question_strata (a label per question)"
-            )
 
     # -- state --------------------------------------------------------------------------------------------------
 
