@@ -70,8 +70,22 @@ _FORMAT_CHECK_QUESTIONS = flags.DEFINE_integer(
     "set, else a sample of the training questions (0: no check).",
     lower_bound=0,
 )
+_EVAL_WARM_START = flags.DEFINE_boolean(
+    "eval_warm_start", False,
+    "Also evaluate --eval_tasks greedily after the warm-start, before RL: the summary's warm_start_eval, beside its "
+    "eval (kept in <logdir>/warm_start_eval.json, so a resumed run still reports it).",
+)
 
 log = logging.getLogger(__name__)
+
+
+def greedy_eval(generator, tokenizer, sampling) -> dict:
+    """The greedy evaluation on --eval_tasks, with the Conductor's own completion limit: a default one would hold a
+    non-stopping small Conductor for 1024 steps."""
+    eval_env = build_env(environment_flags.from_flags(_EVAL_TASKS.value))
+    outcomes = conductor_outcomes(generator, TokenizedConductorEnv(eval_env, tokenizer),
+                                  dataclasses.replace(sampling, temperature=0.0), repeats=1)
+    return summarize(outcomes, [worker.name for worker in eval_env.world.pool])
 
 
 def main(argv: list[str]) -> None:
@@ -82,6 +96,9 @@ def main(argv: list[str]) -> None:
     checkpoint_dir = pathlib.Path(_CHECKPOINT_DIR.value or log_dir / "checkpoints")
     if not _RESUME.value and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
         raise SystemExit(f"{checkpoint_dir} holds checkpoints and --noresume was given; choose a new --logdir")
+    if _EVAL_WARM_START.value and not (_EVAL_TASKS.value and _WARM_START_STEPS.value):
+        raise SystemExit("--eval_warm_start evaluates the warm-start on --eval_tasks: give both --eval_tasks and "
+                         "--warm_start_steps")
 
     generation = generator_flags.from_flags()
     share_gpu_with_torch_generator(generation)  # before JAX's first computation
@@ -91,7 +108,8 @@ def main(argv: list[str]) -> None:
     env = build_env(environment_flags.from_flags())
     environment = TokenizedConductorEnv(env, tokenizer)
     checkpointer = Checkpointer(checkpoint_dir, keep=_KEEP.value)
-    if _WARM_START_STEPS.value and checkpointer.latest_step() is None:
+    fresh_run = checkpointer.latest_step() is None
+    if _WARM_START_STEPS.value and fresh_run:
         trainer = supervised_flags.from_flags(_WARM_START_STEPS.value, len(domain_labels(environment)))
         warm_start(model, environment, _WARM_START_STEPS.value, trainer, teacher_flags.from_flags())
     distributed.share_process_zero_weights(model)
@@ -113,6 +131,15 @@ def main(argv: list[str]) -> None:
         writer=writer,
         checkpointer=checkpointer,
     )
+    warm_start_eval_path = log_dir / "warm_start_eval.json"
+    if _EVAL_WARM_START.value:
+        if distributed.is_main_process() and fresh_run:
+            warm_start_eval = greedy_eval(generator, tokenizer, sampling)
+            warm_start_eval_path.write_text(json.dumps(warm_start_eval, sort_keys=True))
+            log.info("warm-start greedy average %.4f", warm_start_eval["average_accuracy"])
+        elif distributed.is_main_process() and not warm_start_eval_path.exists():
+            log.warning("--eval_warm_start: this run resumed from a checkpoint its warm-start was not evaluated before")
+        distributed.wait_for_every_process("launch.train: warm-start evaluation")  # while process 0 evaluates
     history = loop.run()
     final_model = distributed.host_copy(learner.model)
     checkpointer.close()
@@ -139,12 +166,9 @@ def main(argv: list[str]) -> None:
                  "".join(f"\n  {question!r}: {error}" for question, error in validity.failures[:3]))
         summary["greedy_valid_format"] = validity.rate
     if _EVAL_TASKS.value:
-        eval_env = build_env(environment_flags.from_flags(_EVAL_TASKS.value))
-        # Greedy, with the Conductor's own completion limit: a default one would hold a non-stopping small Conductor
-        # for 1024 steps.
-        outcomes = conductor_outcomes(generator, TokenizedConductorEnv(eval_env, tokenizer),
-                                      dataclasses.replace(sampling, temperature=0.0), repeats=1)
-        summary["eval"] = summarize(outcomes, [worker.name for worker in eval_env.world.pool])
+        summary["eval"] = greedy_eval(generator, tokenizer, sampling)
+    if _EVAL_WARM_START.value and warm_start_eval_path.exists():
+        summary["warm_start_eval"] = json.loads(warm_start_eval_path.read_text())
     writer.close()
     generator.close()
     print(json.dumps(summary, sort_keys=True))

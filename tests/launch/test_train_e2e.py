@@ -3,7 +3,9 @@
 The world has one always-right worker and three always-wrong ones (reward 1 for routing to worker 0, 0.5 otherwise).
 The warm-start must teach the action format and leave routing uniform (reward near 0.625); GRPO must then raise the
 reward by learning to route to worker 0. The run must log every iteration's scalars to TensorBoard and metrics.jsonl,
-write checkpoints and the final Conductor, and continue from its checkpoint when rerun or killed -9.
+write checkpoints and the final Conductor, and continue from its checkpoint when rerun or killed -9. With
+`--eval_warm_start`, the greedy evaluation after the warm-start must show the warm-start's routing and the final one
+GRPO's, and a resumed run must report the first without evaluating again.
 Sampling at temperature 0.7 keeps the tiny Conductor's format noise low enough for the routing signal to show within
 ten iterations (at 1.0 a fifth of its samples broke the format and the rise was not reliable).
 Single iterations can still lose the format: once nearly every completion routes right, a group's one wrong route gets
@@ -51,13 +53,15 @@ FLAGS = (
 )
 
 
-def train_command(logdir: pathlib.Path, iterations: int) -> list[str]:
-    return [sys.executable, "-m", "launch.train", *FLAGS, f"--logdir={logdir}", f"--iterations={iterations}"]
+def train_command(logdir: pathlib.Path, iterations: int, *extra_flags: str) -> list[str]:
+    return [
+        sys.executable, "-m", "launch.train", *FLAGS, f"--logdir={logdir}", f"--iterations={iterations}", *extra_flags
+    ]
 
 
-def train(logdir: pathlib.Path, iterations: int) -> subprocess.CompletedProcess:
+def train(logdir: pathlib.Path, iterations: int, *extra_flags: str) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        train_command(logdir, iterations), cwd=REPO, capture_output=True, text=True, timeout=1200
+        train_command(logdir, iterations, *extra_flags), cwd=REPO, capture_output=True, text=True, timeout=1200
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return result
@@ -84,9 +88,12 @@ def tensorboard_steps(logdir: pathlib.Path, tag: str) -> list[int]:
     return [event.step for event in accumulator.Tensors(tag)]  # TensorBoard's own reader; scalars are tensors
 
 
+EVALUATE_WARM_START_AND_FINAL = ("--eval_tasks=synthetic", "--eval_warm_start")
+
+
 def test_training_raises_reward_logs_checkpoints_and_resumes(tmp_path):
     logdir = tmp_path / "run"
-    first = train(logdir, iterations=10)
+    first = train(logdir, 10, *EVALUATE_WARM_START_AND_FINAL)
 
     records = metric_records(logdir)
     assert [r["step"] for r in records] == list(range(1, 11))
@@ -111,9 +118,17 @@ def test_training_raises_reward_logs_checkpoints_and_resumes(tmp_path):
     assert records[0]["reward/mean"] < 0.7, records[0]
     to_worker_0 = share_routed_to_worker_0(logdir)
     assert to_worker_0[1] < 0.45 and (to_worker_0[9] + to_worker_0[10]) / 2 >= 0.9, to_worker_0
+    # Only worker 0 is right, so a greedy accuracy is the share of questions routed to worker 0: the warm-start's
+    # evaluation sees the warm-start's routing, the final one GRPO's.
+    warm_start, final = summary["warm_start_eval"], summary["eval"]
+    for report in (warm_start, final):
+        assert report["average_accuracy"] == pytest.approx(report["workers_chosen"].get("synthetic-0", 0.0)), report
+    assert warm_start["average_accuracy"] < 0.6 <= 0.9 <= final["average_accuracy"], (warm_start, final)
 
-    resumed = train(logdir, iterations=12)
+    resumed = train(logdir, 12, *EVALUATE_WARM_START_AND_FINAL)
     assert "resumed from checkpoint 10" in resumed.stderr
+    assert "warm-start greedy average" not in resumed.stderr, "a resumed run must not evaluate its trained policy"
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["warm_start_eval"] == warm_start
     records = metric_records(logdir)
     assert [r["step"] for r in records] == list(range(1, 13))
     assert records[-1]["policy_version"] == 12.0
@@ -143,3 +158,13 @@ def test_killed_run_resumes_from_its_checkpoint_without_duplicating_metrics(tmp_
     assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 7))
     rollout_steps = [json.loads(line)["step"] for line in (logdir / "rollouts.jsonl").read_text().splitlines()]
     assert rollout_steps == [step for step in range(1, 7) for _ in range(4 * 8)]
+
+
+@pytest.mark.parametrize("missing", ["--eval_tasks=", "--warm_start_steps=0"])
+def test_evaluating_the_warm_start_needs_a_warm_start_and_eval_tasks(tmp_path, missing):
+    result = subprocess.run(
+        train_command(tmp_path / "run", 1, "--eval_tasks=synthetic", "--eval_warm_start", missing),
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0 and "give both --eval_tasks and --warm_start_steps" in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
