@@ -133,6 +133,8 @@ def main(argv: list[str]) -> None:
     )
     warm_start_eval_path = log_dir / "warm_start_eval.json"
     if _EVAL_WARM_START.value:
+        if fresh_run:  # the generator starts from the weights before the warm-start
+            weight_sync(learner.model, loop.policy_version)
         if distributed.is_main_process() and fresh_run:
             warm_start_eval = greedy_eval(generator, tokenizer, sampling)
             warm_start_eval_path.write_text(json.dumps(warm_start_eval, sort_keys=True))
