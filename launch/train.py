@@ -25,6 +25,7 @@ import dataclasses
 import json
 import logging
 import pathlib
+from typing import Any
 
 from absl import app, flags
 
@@ -51,6 +52,7 @@ from rl.checkpoint import Checkpointer
 from rl.learner import Learner
 from rl.loop import TrainingLoop
 from rl.metrics import MetricsWriter, first_and_last_fifth
+from rollout.types import Generator, SamplingParams
 
 _MESH_FSDP = flags.DEFINE_integer(
     "mesh_fsdp", 1, "Devices on the fsdp mesh axis, counted over all processes (fsdp x tp: all of them, multi-host)."
@@ -79,7 +81,7 @@ _EVAL_WARM_START = flags.DEFINE_boolean(
 log = logging.getLogger(__name__)
 
 
-def greedy_eval(generator, tokenizer, sampling) -> dict:
+def greedy_eval(generator: Generator, tokenizer: Any, sampling: SamplingParams) -> dict[str, Any]:
     """The greedy evaluation on --eval_tasks, with the Conductor's own completion limit: a default one would hold a
     non-stopping small Conductor for 1024 steps."""
     eval_env = build_env(environment_flags.from_flags(_EVAL_TASKS.value))
@@ -133,12 +135,12 @@ def main(argv: list[str]) -> None:
     )
     warm_start_eval_path = log_dir / "warm_start_eval.json"
     if _EVAL_WARM_START.value:
-        if fresh_run:  # the generator starts from the weights before the warm-start
-            weight_sync(learner.model, loop.policy_version)
-        if distributed.is_main_process() and fresh_run:
-            warm_start_eval = greedy_eval(generator, tokenizer, sampling)
-            warm_start_eval_path.write_text(json.dumps(warm_start_eval, sort_keys=True))
-            log.info("warm-start greedy average %.4f", warm_start_eval["average_accuracy"])
+        if fresh_run:
+            weight_sync(learner.model, loop.policy_version)  # the generator was built from the weights before it
+            if distributed.is_main_process():
+                warm_start_eval = greedy_eval(generator, tokenizer, sampling)
+                warm_start_eval_path.write_text(json.dumps(warm_start_eval, sort_keys=True))
+                log.info("warm-start greedy average %.4f", warm_start_eval["average_accuracy"])
         elif distributed.is_main_process() and not warm_start_eval_path.exists():
             log.warning("--eval_warm_start: this run resumed from a checkpoint its warm-start was not evaluated before")
         distributed.wait_for_every_process("launch.train: warm-start evaluation")  # while process 0 evaluates
