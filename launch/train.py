@@ -142,7 +142,7 @@ def main(argv: list[str]) -> None:
                 warm_start_eval_path.write_text(json.dumps(warm_start_eval, sort_keys=True))
                 log.info("warm-start greedy average %.4f", warm_start_eval["average_accuracy"])
         elif distributed.is_main_process() and not warm_start_eval_path.exists():
-            log.warning("--eval_warm_start: this run resumed from a checkpoint its warm-start was not evaluated before")
+            log.warning("--eval_warm_start: this run resumed from a checkpoint, and its warm-start was never evaluated")
         distributed.wait_for_every_process("launch.train: warm-start evaluation")  # while process 0 evaluates
     history = loop.run()
     final_model = distributed.host_copy(learner.model)
