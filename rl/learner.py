@@ -25,7 +25,7 @@ from models.logprobs import completion_predictors, state_entropy, token_logprobs
 from models.sharding import batch_sharding, shard_model
 from rl import row_selection
 from rl.losses import LossConfig, aggregation_weights, domain_state_overlap, grpo_loss
-from rl.trajectories import Trajectories
+from rl.trajectories import Trajectories, take_columns
 
 OldLogprobs = Literal["recompute", "sampler"]
 
@@ -435,9 +435,11 @@ class Learner:
         if not len(run):
             return None
         token_weights = aggregation_weights(jnp.asarray(mini_batch.loss_mask), self.config.loss)[run]
-        # Trimming drops only leading prompt columns, where every weight is 0.
-        batch = mini_batch.rows(run).trimmed()
-        token_weights = token_weights[:, mini_batch.length - batch.length:]
+        # Trimming drops only columns that are padding in every row, where every weight is 0.
+        rows = mini_batch.rows(run)
+        start, stop = rows.trimmed_columns()
+        batch = rows.columns(start, stop)
+        token_weights = take_columns(token_weights, start, stop)
         return _Step(
             self._place(batch), self._model_rows(batch), self._place(token_weights), int((run < real_rows).sum())
         )

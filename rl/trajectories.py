@@ -9,8 +9,9 @@ Real tokens are contiguous, so positions are simply 0, 1, 2, ... from the first 
 is aligned with `tokens`: `sampler_logprobs[b, t]` is the sampler's log-probability of `tokens[b, t]`.
 The completion block's width comes from `completion_buckets` and the row length from `length_buckets`, so the set of
 shapes (and of the static `completion_start`) stays small and jit compiles a handful of programs, not one per step.
-A batch remembers its length buckets, so a subset of its rows (a mini-batch) can drop the padding only a longer row
-elsewhere in the batch needed (`trimmed`) and still land on one of the same shapes.
+A batch remembers its buckets, so a subset of its rows (a mini-batch) can drop the padding only a longer row
+elsewhere in the batch needed, prompt columns on the left and completion columns on the right (`trimmed_columns`), and still
+land on one of the same shapes.
 No column before `completion_start` carries a loss, so the learner computes vocabulary logits only from there on:
 with Conductor prompts of hundreds of tokens and completions of tens, that is most of the LM-head work saved.
 """
@@ -49,6 +50,7 @@ class Trajectories:
     route_positions: jax.Array | None = None  # int32 [batch]
     completion_start: int = struct.field(pytree_node=False, default=1)  # first column that may carry a loss
     length_buckets: tuple[int, ...] = struct.field(pytree_node=False, default=DEFAULT_LENGTH_BUCKETS)
+    completion_buckets: tuple[int, ...] = struct.field(pytree_node=False, default=DEFAULT_COMPLETION_BUCKETS)
 
     @property
     def batch_size(self) -> int:
@@ -102,18 +104,34 @@ class Trajectories:
                 advantages[row, column] *= factor
         return self.replace(advantages=advantages)
 
-    def trimmed(self) -> "Trajectories":
-        """These rows in the smallest length bucket that holds their longest prompt and the completion block:
-        leading columns that are padding in every row are dropped. Runs on the host (the shape is static)."""
-        first_real = np.asarray(self.attention_mask)[:, : self.completion_start].argmax(axis=1)
+    def trimmed_columns(self) -> tuple[int, int]:
+        """The columns [start, stop) these rows need: a completion block of the smallest completion bucket that holds
+        their longest completion, after their longest prompt, in the smallest length bucket that holds both. A
+        negative `start` asks for that many columns of padding before column 0: a narrower completion block can land
+        on a length bucket wider than the columns it keeps. Runs on the host (the shape is static)."""
+        attention_mask = np.asarray(self.attention_mask)
+        first_real = attention_mask[:, : self.completion_start].argmax(axis=1)
         longest_prompt = self.completion_start - int(first_real.min())
-        length = bucket_length(longest_prompt + self.length - self.completion_start, self.length_buckets)
-        drop = self.length - length
-        if drop <= 0:
+        longest_completion = int(attention_mask[:, self.completion_start :].sum(axis=1).max())
+        # A block built outside `build` may be narrower than any bucket that holds its completions: it stays whole.
+        width = min(bucket_length(longest_completion, self.completion_buckets), self.length - self.completion_start)
+        stop = self.completion_start + width
+        return stop - bucket_length(longest_prompt + width, self.length_buckets), stop
+
+    def columns(self, start: int, stop: int) -> "Trajectories":
+        """These rows' columns [start, stop) (`take_columns`), `completion_start` moved with them. With
+        `trimmed_columns`, the rows in the smallest shape that holds them: the columns dropped at either end are
+        padding in every row, which no row attends to and none carries a loss on."""
+        if (start, stop) == (0, self.length):
             return self
-        # Every [batch, time] array loses the same columns; the [batch] arrays are untouched.
-        columns_dropped = jax.tree.map(lambda array: array[:, drop:] if array.ndim == 2 else array, self)
-        return columns_dropped.replace(completion_start=self.completion_start - drop)
+        if not start <= self.completion_start < stop <= self.length:
+            raise ValueError(
+                f"columns [{start}, {stop}) of {self.length} do not hold the completion block's start "
+                f"{self.completion_start}"
+            )
+        # Every [batch, time] array takes the same columns; the [batch] arrays are untouched.
+        taken = jax.tree.map(lambda array: take_columns(array, start, stop) if array.ndim == 2 else array, self)
+        return taken.replace(completion_start=self.completion_start - start)
 
     def prompt_block_size(self, rows_per_pass: int) -> int:
         """The largest number of consecutive rows, dividing `rows_per_pass`, such that every aligned block of that
@@ -133,6 +151,13 @@ class Trajectories:
             if np.array_equal(blocks, np.broadcast_to(blocks[:, :1], blocks.shape)):
                 return block
         return 1
+
+
+def take_columns(array, start: int, stop: int) -> np.ndarray:
+    """Columns [start, stop) of a [batch, time] array; a negative `start` puts that many columns of zeros (padding:
+    no attention, no loss, a token id never read) before column 0."""
+    taken = np.asarray(array)[:, max(start, 0) : stop]
+    return np.pad(taken, ((0, 0), (max(-start, 0), 0)))
 
 
 def bucket_length(length: int, length_buckets: Sequence[int]) -> int:
@@ -235,4 +260,5 @@ def build(
         route_positions=route_positions,
         completion_start=prompt_width,
         length_buckets=tuple(sorted(length_buckets)),
+        completion_buckets=tuple(sorted(completion_buckets)),
     )

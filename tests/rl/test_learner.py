@@ -110,13 +110,55 @@ def test_mini_batches_trimmed_to_their_own_length_give_the_same_update():
         for buckets in ((16, 32), (32,))
     )
     assert trimmable.length == one_length.length == 32
-    assert trimmable.rows(slice(4, 8)).trimmed().length == 16
-    assert one_length.rows(slice(4, 8)).trimmed().length == 32  # one bucket: nothing to trim
+    assert trimmable.rows(slice(4, 8)).trimmed_columns() == (16, 32)
+    assert one_length.rows(slice(4, 8)).trimmed_columns() == (0, 32)  # one bucket: nothing to trim
     config = LearnerConfig(optimizer=SGDConfig(learning_rate=SGD_RATE), ppo_epochs=2, mini_batch_size=4)
     trimmed, padded = Learner(_model(), config), Learner(_model(), config)
     trimmed.update(trimmable)
     padded.update(one_length)
     assert_same_training_state(trimmed, padded)
+
+
+@pytest.mark.parametrize("length_buckets", [(16, 32), (32,)])
+def test_mini_batches_trimmed_to_their_own_longest_completion_give_the_same_update(monkeypatch, length_buckets):
+    rng = np.random.default_rng(11)
+    prompts = [list(rng.integers(3, 250, size=6))] * 4 + [list(rng.integers(3, 250, size=5))] * 4
+    # The first group writes long completions, the second short ones: only the first mini-batch needs a block of 16.
+    completions = [list(rng.integers(3, 250, size=size)) for size in rng.integers(9, 17, size=4)] + [
+        list(rng.integers(3, 250, size=size)) for size in rng.integers(1, 4, size=4)
+    ]
+    sampler = [list(-rng.uniform(3.0, 8.0, size=len(c))) for c in completions]
+    group_ids = np.repeat(np.arange(2), 4)
+    adv = advantages.compute("grpo", np.array([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]), group_ids)
+    trimmable, one_width = (
+        build(prompts, completions, sampler, adv, group_ids, pad_id=0, length_buckets=length_buckets,
+              completion_buckets=buckets)
+        for buckets in ((4, 16), (16,))
+    )
+    assert trimmable.length == one_width.length == 32 and trimmable.completion_start == 16
+    start, stop = trimmable.rows(slice(4, 8)).trimmed_columns()
+    # A block of 4; with a 16-column bucket the prompt padding goes too, with one of 32 the row is padded on the left.
+    assert (start, stop) == ((4, 20) if length_buckets == (16, 32) else (-12, 20))
+    assert one_width.rows(slice(4, 8)).trimmed_columns() == (0, 32)
+    config = LearnerConfig(
+        optimizer=SGDConfig(learning_rate=SGD_RATE), ppo_epochs=2, mini_batch_size=4, old_logprobs="recompute",
+        loss=LossConfig(aggregation="token-mean"),
+    )
+    shapes, train_step = [], rl.learner._train_step
+
+    def recorded(*args, **kwargs):
+        batch = args[4]
+        shapes.append((batch.length, batch.length - batch.completion_start))
+        return train_step(*args, **kwargs)
+
+    monkeypatch.setattr(rl.learner, "_train_step", recorded)
+    trimmed, whole = Learner(_model(), config), Learner(_model(), config)
+    trimmed.update(trimmable)
+    # (row length, completion block) of each optimizer step, over two passes of two mini-batches
+    assert shapes == [(32, 16), (stop - start, 4)] * 2
+    whole.update(one_width)
+    assert shapes[4:] == [(32, 16)] * 4
+    assert_same_training_state(trimmed, whole)
 
 
 def _grouped_batch(seed: int, groups: int = 3, group_size: int = 4):

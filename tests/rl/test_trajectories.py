@@ -74,7 +74,14 @@ def test_is_a_pytree_and_rows_select_sub_batches():
     np.testing.assert_array_equal(second.tokens, batch.tokens[1:2])
 
 
-def test_trimmed_rows_drop_the_padding_only_a_longer_row_needed():
+def _trimmed(batch: Trajectories) -> Trajectories:
+    return batch.columns(*batch.trimmed_columns())
+
+
+ARRAYS_2D = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "sampler_logprobs", "advantages")
+
+
+def test_trimmed_rows_drop_the_prompt_padding_only_a_longer_prompt_needed():
     batch = build(
         prompt_ids=[list(range(1, 11)), [5]],
         completion_ids=[[20, 21], [22]],
@@ -86,15 +93,63 @@ def test_trimmed_rows_drop_the_padding_only_a_longer_row_needed():
         completion_buckets=(2,),
     )
     assert batch.length == 16 and batch.completion_start == 14 and batch.length_buckets == (4, 8, 16)
-    short = batch.rows(slice(1, 2)).trimmed()
+    short = _trimmed(batch.rows(slice(1, 2)))
     # prompt 1 + completion block 2 -> bucket 4: the 12 leading columns were padding in this row
     assert short.length == 4 and short.completion_start == 2 and short.length_buckets == batch.length_buckets
-    for name in ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "sampler_logprobs",
-                 "advantages"):
+    for name in ARRAYS_2D:
         np.testing.assert_array_equal(getattr(short, name), getattr(batch, name)[1:2, 12:], err_msg=name)
     np.testing.assert_array_equal(short.tokens, [[0, 5, 22, 0]])
     np.testing.assert_array_equal(short.group_ids, [1])
-    assert batch.trimmed() is batch  # the long row needs every column
+    assert batch.trimmed_columns() == (0, 16) and _trimmed(batch) is batch  # the long row needs every column
+
+
+def _long_and_short_completions(length_buckets):
+    return build(
+        prompt_ids=[[5, 6, 7], [8, 9, 10]],
+        completion_ids=[[20, 21, 22, 23, 24, 25, 26], [27]],
+        sampler_logprobs=[[-1.0] * 7, [-3.0]],
+        advantages=[1.0, -1.0],
+        group_ids=[0, 0],
+        pad_id=0,
+        length_buckets=length_buckets,
+        completion_buckets=(2, 4, 8),
+    )
+
+
+def test_trimmed_rows_drop_the_completion_padding_only_a_longer_completion_needed():
+    batch = _long_and_short_completions((8, 16))
+    # completions up to 7 -> block 8; prompt 3 + 8 = 11 -> bucket 16; the block starts at column 8
+    assert batch.length == 16 and batch.completion_start == 8
+    short = _trimmed(batch.rows(slice(1, 2)))
+    # one completion token -> block 2; prompt 3 + 2 = 5 -> bucket 8: columns [2, 10) of the row
+    assert batch.rows(slice(1, 2)).trimmed_columns() == (2, 10)
+    assert short.length == 8 and short.completion_start == 6 and short.completion_buckets == (2, 4, 8)
+    for name in ARRAYS_2D:
+        np.testing.assert_array_equal(getattr(short, name), getattr(batch, name)[1:2, 2:10], err_msg=name)
+    np.testing.assert_array_equal(short.tokens, [[0, 0, 0, 8, 9, 10, 27, 0]])
+    np.testing.assert_array_equal(short.loss_mask, [[0, 0, 0, 0, 0, 0, 1, 0]])
+
+
+def test_a_narrower_completion_block_on_a_wider_length_bucket_is_padded_on_the_left():
+    batch = _long_and_short_completions((16,))
+    short_row = batch.rows(slice(1, 2))
+    # block 2 after prompt 3 still takes the one bucket, 16 columns: the 10 it keeps and 6 of padding before them
+    assert short_row.trimmed_columns() == (-6, 10)
+    short = _trimmed(short_row)
+    assert short.length == 16 and short.completion_start == 14
+    np.testing.assert_array_equal(short.tokens, [[0] * 11 + [8, 9, 10, 27, 0]])
+    np.testing.assert_array_equal(short.positions, [[0] * 11 + [0, 1, 2, 3, 0]])
+    np.testing.assert_array_equal(short.attention_mask, [[0] * 11 + [1, 1, 1, 1, 0]])
+    np.testing.assert_array_equal(short.loss_mask, [[0] * 14 + [1, 0]])
+    np.testing.assert_allclose(short.advantages, [[0] * 14 + [-1, 0]])
+    np.testing.assert_allclose(short.sampler_logprobs, [[0] * 14 + [-3, 0]])
+
+
+@pytest.mark.parametrize("start, stop", [(9, 16), (0, 8), (-2, 17)])
+def test_columns_that_do_not_hold_the_completion_start_are_refused(start, stop):
+    batch = _long_and_short_completions((8, 16))
+    with pytest.raises(ValueError, match="do not hold the completion block's start 8"):
+        batch.columns(start, stop)
 
 
 @pytest.mark.parametrize(
