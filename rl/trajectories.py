@@ -10,8 +10,8 @@ is aligned with `tokens`: `sampler_logprobs[b, t]` is the sampler's log-probabil
 The completion block's width comes from `completion_buckets` and the row length from `length_buckets`, so the set of
 shapes (and of the static `completion_start`) stays small and jit compiles a handful of programs, not one per step.
 A batch remembers its buckets, so a subset of its rows (a mini-batch) can drop the padding only a longer row
-elsewhere in the batch needed, prompt columns on the left and completion columns on the right (`trimmed_columns`), and still
-land on one of the same shapes.
+elsewhere in the batch needed, prompt columns on the left and completion columns on the right (`trimmed_columns`),
+and still land on one of the same shapes.
 No column before `completion_start` carries a loss, so the learner computes vocabulary logits only from there on:
 with Conductor prompts of hundreds of tokens and completions of tens, that is most of the LM-head work saved.
 """

@@ -35,7 +35,9 @@ QUESTIONS, GROUP = 80, 4
 config = ModelConfig(family="llama", vocab_size=49152, hidden_size=128, intermediate_size=512, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=32, tie_word_embeddings=True)
 rng = np.random.default_rng(0)
-prompts = [p for _ in range(QUESTIONS) for p in [list(rng.integers(3, 49000, size=int(rng.integers(380, 560))))] * GROUP]
+prompts = [
+    p for _ in range(QUESTIONS) for p in [list(rng.integers(3, 49000, size=int(rng.integers(380, 560))))] * GROUP
+]
 lengths = rng.integers(20, 60, size=QUESTIONS * GROUP)
 lengths[5] = 90  # one completion in the first mini-batch runs on
 completions = [list(rng.integers(3, 49000, size=int(n))) for n in lengths]
