@@ -30,15 +30,19 @@ the sandbox uid is killed and the directory removed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import functools
+import glob
 import itertools
 import json
 import logging
 import os
-import pwd
 import shutil
 import signal
+import site
+import struct
 import subprocess
 import sys
 import tempfile
@@ -54,8 +58,22 @@ _UID_BASE = 200_000 + (os.getpid() % 4096) * 1024
 _uid_counter = itertools.count()
 _uid_lock = threading.Lock()
 KERNEL_LAYERS = ("bwrap", "unshare")
-# Covered by empty tmpfs inside the sandbox (the user's home is added); the first is the private, writable /tmp.
-_HIDDEN_DIRS = ("/tmp", "/var/tmp", "/run", "/home", "/root")
+# The working directory inside a kernel layer: a size-capped tmpfs of the sandbox's own mount namespace.
+_WORKDIR = "/sandbox"
+# How often the watchdog adds up a running sandbox's resident memory (a /proc scan, about 1.5 ms here).
+_WATCH_S = 0.025
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+# Classic BPF for seccomp (<linux/filter.h>, <linux/seccomp.h>, <linux/audit.h>): per machine, the AUDIT_ARCH of
+# its native system calls and the numbers to refuse: socket, socketpair, connect, bind, listen, accept, accept4,
+# io_uring_setup, io_uring_enter, io_uring_register.
+_SECCOMP_ARCHES = {
+    "x86_64": (0xC000003E, (41, 53, 42, 49, 50, 43, 288, 425, 426, 427)),
+    "aarch64": (0xC00000B7, (198, 199, 203, 200, 201, 202, 242, 425, 426, 427)),
+}
+_BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_RET = 0x20, 0x15, 0x35, 0x06
+_SECCOMP_DATA_NR, _SECCOMP_DATA_ARCH = 0, 4
+_X32_SYSCALL_BIT = 0x40000000
+_SECCOMP_RET_KILL_PROCESS, _SECCOMP_RET_ERRNO, _SECCOMP_RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 _NAMESPACES = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child")
 _logger = logging.getLogger(__name__)
 _unsandboxed = {"allowed": False, "warned": False}
@@ -72,6 +90,7 @@ class SandboxLimits:
     memory_mb: int = 1024
     max_processes: int = 16
     max_file_mb: int = 16
+    workdir_mb: int = 64
     max_output_chars: int = 1_000_000
 
     def __post_init__(self) -> None:
@@ -106,7 +125,7 @@ def layer_works(layer: str) -> bool:
     """Whether the kernel layer `layer` runs a program here (a real sandboxed run, once per process)."""
     if layer not in KERNEL_LAYERS:
         raise ValueError(f"unknown sandbox layer {layer!r}; expected one of {KERNEL_LAYERS}")
-    if shutil.which(layer) is None:
+    if shutil.which(layer) is None or os.uname().machine not in _SECCOMP_ARCHES:
         return False
     probe = _run_python_in(layer, "print('sandboxed')", "", {}, (), SandboxLimits(wall_s=30.0))
     return probe.ok and probe.stdout == "sandboxed\n"
@@ -153,102 +172,356 @@ def run_python(
     """Runs `source` as `__main__` in a fresh sandbox with `files` (relative name -> text) in its working
     directory, under `layer` (default `isolation_layer()`). Thread-safe; never raises for anything the program
     does; raises `SandboxUnavailable` where no kernel layer works unless `allow_unsandboxed_code()` was called."""
-    for name in files or {}:
+    layer = _checked_layer(files or {}, layer)
+    return _run_python_in(layer, source, stdin, files or {}, argv, limits)
+
+
+def _checked_layer(files: Mapping[str, str], layer: str | None) -> str:
+    """`layer` (default `isolation_layer()`) once it and the names of `files` are checked."""
+    for name in files:
         if os.path.isabs(name) or ".." in Path(name).parts or name == _PROGRAM:
             raise ValueError(f"sandbox file name {name!r} must be a plain relative path other than {_PROGRAM}")
     layer = isolation_layer() if layer is None else layer
     if layer not in (*KERNEL_LAYERS, "none"):
         raise ValueError(f"unknown sandbox layer {layer!r}; expected one of {(*KERNEL_LAYERS, 'none')}")
     _check_allowed(layer)
-    return _run_python_in(layer, source, stdin, files or {}, argv, limits)
+    return layer
 
 
 def _run_python_in(
     layer: str, source: str, stdin: str, files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits
 ) -> SandboxResult:
-    uid = _next_uid() if os.getuid() == 0 else None
-    workdir = Path(tempfile.mkdtemp(prefix="sandbox-"))
-    private = Path(tempfile.mkdtemp(prefix="sandbox-io-"))
+    sandboxed = _Sandboxed(layer, source, files, argv, limits, stdin)
     try:
-        _write(workdir / _PROGRAM, source)
-        for name, text in files.items():
-            _write(workdir / name, text)
-        if uid is not None:
-            for path in (workdir, *workdir.rglob("*")):
-                os.chown(path, uid, uid)
-        _write(private / "stdin", stdin)
+        returncode = sandboxed.process.wait()
+    finally:
+        sandboxed.close()
+    return SandboxResult(
+        returncode=None if sandboxed.expired else returncode,
+        stdout=sandboxed.output,
+        stderr=sandboxed.stderr,
+        timed_out=sandboxed.expired,
+    )
+
+
+def open_session(
+    source: str,
+    *,
+    files: Mapping[str, str] | None = None,
+    argv: Sequence[str] = (),
+    limits: SandboxLimits = SandboxLimits(),
+    layer: str | None = None,
+) -> SandboxSession:
+    """Starts `source` as `__main__` in a fresh sandbox as `run_python` does, but with pipes to its standard input
+    and from its standard output, for a caller that talks to the program while it runs. Close it (or use it as a
+    context manager) when done; it is killed at `limits.wall_s` after its start in any case."""
+    layer = _checked_layer(files or {}, layer)
+    return SandboxSession(_Sandboxed(layer, source, files or {}, argv, limits, None))
+
+
+class SandboxSession:
+    """A sandboxed program talking through pipes: `stdin` (buffered, flush after writing) and `stdout` read
+    EOF once the program is dead, which it is at `close()` or `limits.wall_s` after its start, whichever is first
+    (`expired` says it was the deadline). `close()` kills every process it started and removes its directories;
+    `stderr` is its standard error (at most `max_output_chars`) once closed."""
+
+    def __init__(self, sandboxed: _Sandboxed):
+        self._sandboxed = sandboxed
+        self.stdin = sandboxed.process.stdin
+        self.stdout = sandboxed.process.stdout
+
+    @property
+    def expired(self) -> bool:
+        return self._sandboxed.expired
+
+    @property
+    def stderr(self) -> str:
+        return self._sandboxed.stderr
+
+    def close(self) -> None:
+        self._sandboxed.close()
+
+    def __enter__(self) -> SandboxSession:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+class _Sandboxed:
+    """One sandboxed process, the mechanism under `run_python` and `SandboxSession`: its working directory (the
+    program, `files`) and a private one (its standard streams); its standard input from a file holding `stdin` and
+    its output to a file (`output` once closed), or, for `stdin=None`, both through pipes. A watchdog kills it at
+    `limits.wall_s`; `close()` kills it earlier, reads its standard error and removes both directories."""
+
+    def __init__(
+        self,
+        layer: str,
+        source: str,
+        files: Mapping[str, str],
+        argv: Sequence[str],
+        limits: SandboxLimits,
+        stdin: str | None,
+    ):
+        self.limits = limits
+        self.uid = _next_uid() if os.getuid() == 0 else None
+        # Under a kernel layer the working directory is a tmpfs of the sandbox's own mount namespace (it vanishes
+        # with it); only without one ("none") is it a directory of the host.
+        self.workdir = Path(tempfile.mkdtemp(prefix="sandbox-")) if layer == "none" else None
+        self.private = Path(tempfile.mkdtemp(prefix="sandbox-io-"))
+        self.expired = False
+        self.output = ""
+        self.stderr = ""
+        self._closed = False
+        self._lock = threading.Lock()
+        try:
+            self.process = self._start(layer, source, files, argv, stdin)
+        except BaseException:
+            self._remove_directories()
+            raise
+        self.held_mb: float | None = None
+        self._stopped = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, daemon=True)
+        self._watchdog.start()
+
+    def _start(
+        self, layer: str, source: str, files: Mapping[str, str], argv: Sequence[str], stdin: str | None
+    ) -> subprocess.Popen:
+        uid, limits = self.uid, self.limits
+        workdir = _WORKDIR if self.workdir is None else str(self.workdir)
+        if self.workdir is not None and uid is not None:
+            os.chown(self.workdir, uid, uid)
         config = {
-            "workdir": str(workdir),
-            "program": str(workdir / _PROGRAM),
+            "workdir": workdir,
+            "program": os.path.join(workdir, _PROGRAM),
+            "files": {_PROGRAM: source, **files},
             "argv": list(argv),
             "limits": dataclasses.asdict(limits),
             "view": None,
+            "seccomp": None,
             "drop": None if uid is None else {"uid": uid},
         }
-        command = [sys.executable, "-I", "-B", str(_ENTRY)]
-        if layer == "bwrap":
-            command = [*_bwrap_command(_view(str(workdir), limits), str(workdir), as_root=uid is not None), *command]
-        elif layer == "unshare":
-            config["view"] = _view(str(workdir), limits)
-            command.insert(2, "-S")  # the setup stage needs no site-packages; the run stage is a fresh exec
-            if uid is None:
-                command = ["unshare", "--user", "--map-root-user", *_NAMESPACES, "--", *command]
-                config["drop"] = {"userns": [os.getuid(), os.getgid()]}
+        environment = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": workdir,
+            "TMPDIR": workdir,
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        with contextlib.ExitStack() as files_here:
+            inherited = []
+            command = [_interpreter(), "-I", "-B", str(_ENTRY)]
+            if layer == "bwrap":
+                inherited.append(_memfd(files_here, _seccomp_program()))
+                command = [*_bwrap_command(_view(limits), uid is not None, inherited[-1]), *command]
+            elif layer == "unshare":
+                config["view"] = {**_view(limits), "owner": uid}
+                config["seccomp"] = _seccomp_program().hex()
+                command.insert(2, "-S")  # the setup stage needs no site-packages; the run stage is a fresh exec
+                if uid is None:
+                    command = ["unshare", "--user", "--map-root-user", *_NAMESPACES, "--", *command]
+                    config["drop"] = {"userns": [os.getuid(), os.getgid()]}
+                else:
+                    command = ["unshare", *_NAMESPACES, "--", *command]
+            inherited.append(_memfd(files_here, json.dumps(config).encode()))
+            command.append(str(inherited[-1]))
+            if stdin is None:
+                streams = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
             else:
-                command = ["unshare", *_NAMESPACES, "--", *command]
-        command.append(json.dumps(config))
-        return _run(command, workdir, private, uid, limits)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree(private, ignore_errors=True)
+                _write(self.private / "stdin", stdin)
+                streams = {
+                    "stdin": files_here.enter_context(open(self.private / "stdin", "rb")),
+                    "stdout": files_here.enter_context(open(self.private / "stdout", "wb")),
+                }
+            stderr = files_here.enter_context(open(self.private / "stderr", "wb"))
+            return subprocess.Popen(
+                command, **streams, stderr=stderr, cwd="/", env=environment, start_new_session=True,
+                close_fds=True, pass_fds=inherited,
+            )
+
+    def _watch(self) -> None:
+        """Kills the sandbox at `limits.wall_s` after its start (`expired`), or as soon as its processes together
+        hold more than `limits.memory_mb` resident (`held_mb`; RLIMIT_AS bounds each process alone), looking every
+        `_WATCH_S` while it runs."""
+        deadline = time.monotonic() + self.limits.wall_s
+        while not self._stopped.wait(max(0.0, min(_WATCH_S, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                self._kill(expired=True)
+                return
+            held = _resident_bytes_under(self.process.pid)
+            if held > self.limits.memory_mb << 20:
+                self._kill(held_mb=held / (1 << 20))
+                return
+            if self.process.poll() is not None:
+                return
+
+    def _kill(self, expired: bool = False, held_mb: float | None = None) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self.expired, self.held_mb = expired, held_mb
+            _kill_everything(self.process, self.uid)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stopped.set()
+        try:
+            _kill_everything(self.process, self.uid)
+            for pipe in (self.process.stdin, self.process.stdout):
+                if pipe is not None:
+                    try:
+                        pipe.close()
+                    except OSError:  # a write the program never read: its pipe broke when it died
+                        pass
+            if self.process.stdout is None:
+                self.output = _read(self.private / "stdout", self.limits.max_output_chars)
+            self.stderr = _read(self.private / "stderr", self.limits.max_output_chars)
+            if self.held_mb is not None:
+                self.stderr += (f"\nsandbox: killed: its processes held {self.held_mb:.0f} MB resident, over "
+                                f"memory_mb={self.limits.memory_mb}\n")
+        finally:
+            self._remove_directories()
+
+    def _remove_directories(self) -> None:
+        for directory in (self.workdir, self.private):
+            if directory is not None:
+                _remove_tree(directory)
 
 
-def _view(workdir: str, limits: SandboxLimits) -> dict:
-    """What the sandbox sees: the directories to cover with empty tmpfs ("hide"; "tmp" the writable one), and the
-    paths under them to bind back read-only ("expose": the interpreter and the entry script)."""
-    candidates = [*_HIDDEN_DIRS, os.environ.get("HOME", "/")]
-    try:
-        candidates.append(pwd.getpwuid(os.getuid()).pw_dir)
-    except KeyError:  # a uid without a passwd entry (some containers)
-        pass
-    existing = [os.path.realpath(path) for path in candidates if os.path.isdir(path)]
-    hide = _outermost([path for path in existing if path != "/"])
-    interpreter = {sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(_ENTRY)}
-    needed = interpreter | {os.path.realpath(path) for path in interpreter}
-    expose = _outermost([path for path in needed if any(_is_under(path, hidden) for hidden in hide)])
-    tmp = os.path.realpath(_HIDDEN_DIRS[0])
-    return {"hide": hide, "tmp": tmp, "expose": expose, "tmp_bytes": limits.max_file_mb << 20}
+def _view(limits: SandboxLimits) -> dict:
+    """What a kernel layer shows the program (`_interpreter_paths`) and the size of its working directory."""
+    links, binds, covers = _interpreter_paths()
+    return {"links": [list(link) for link in links], "binds": list(binds), "covers": list(covers),
+            "workdir_bytes": limits.workdir_mb << 20}
 
 
-def _bwrap_command(view: dict, workdir: str, as_root: bool) -> list[str]:
-    """bwrap's arguments for `view`. As an ordinary user bwrap makes a user namespace and drops every capability
-    itself; as root it makes no user namespace and keeps only CAP_SETUID and CAP_SETGID, which the entry script
-    spends on switching to the sandbox uid (bwrap also sets no_new_privs and mounts everything nosuid)."""
-    command = ["bwrap", "--die-with-parent", "--new-session"]
+def _interpreter() -> str:
+    """The interpreter's real file: the sandbox binds it at that path, not the virtual environment's link to it."""
+    return os.path.realpath(sys.executable)
+
+
+@functools.lru_cache(maxsize=None)
+def _interpreter_paths() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]:
+    """What the program may see of the host, all read-only: (the symlinks on the way to each path below, as
+    (link, target); the paths to bind: the interpreter, its standard library, the shared libraries those load, the
+    dynamic linker's cache and the entry script; the site-packages directories inside the standard library, to
+    cover with an empty tmpfs). Nothing else of the host: no /etc, no home, no /tmp, no other site-packages."""
+    # The base interpreter's, not a virtual environment's: os is always a source module of the standard library.
+    standard_library = {os.path.dirname(os.__file__), *(path for path in sys.path if path.endswith("lib-dynload"))}
+    extensions = [path for directory in standard_library for path in glob.glob(os.path.join(directory, "*.so"))]
+    native = [_interpreter(), *sorted(extensions)]
+    wanted = [*native, *standard_library, *_shared_libraries(native), "/etc/ld.so.cache", str(_ENTRY)]
+    links: dict[str, str] = {}
+    real = []
+    for path in wanted:
+        if os.path.exists(path):
+            chain, resolved = _symlink_chain(path)
+            links.update(chain)
+            real.append(resolved)
+    binds = _outermost(real)
+    covers = _outermost([
+        os.path.realpath(path) for path in site.getsitepackages([sys.base_prefix, sys.base_exec_prefix])
+        if os.path.isdir(path) and any(_is_under(os.path.realpath(path), bound) for bound in binds)
+    ])
+    kept_links = tuple(sorted((link, target) for link, target in links.items()
+                              if not any(_is_under(link, bound) for bound in binds)))
+    return kept_links, tuple(binds), tuple(covers)
+
+
+def _shared_libraries(binaries: Sequence[str]) -> list[str]:
+    """The shared libraries `binaries` load, as ldd finds them; without ldd, the system's library directories."""
+    if shutil.which("ldd") is None:
+        return [path for path in ("/lib", "/lib64", "/usr/lib", "/usr/lib64") if os.path.isdir(path)]
+    listing = subprocess.run(["ldd", *binaries], capture_output=True, text=True, check=False).stdout
+    return sorted({word for word in listing.split() if word.startswith("/") and not word.endswith(":")})
+
+
+def _symlink_chain(path: str) -> tuple[dict[str, str], str]:
+    """Every symlink met while resolving `path` (link -> its target as written), and the real path it ends at: the
+    sandbox recreates the links so that the path, and any path the interpreter was told, still resolves inside."""
+    links: dict[str, str] = {}
+    pending = list(Path(os.path.abspath(path)).parts[1:])
+    current = "/"
+    for _ in range(4096):
+        if not pending:
+            return links, current
+        part = pending.pop(0)
+        candidate = os.path.join(current, part)
+        if part == "..":
+            current = os.path.dirname(current)
+        elif os.path.islink(candidate):
+            target = os.readlink(candidate)
+            links[candidate] = target
+            if os.path.isabs(target):
+                current = "/"
+            pending[:0] = [piece for piece in Path(target).parts if piece != "/"]
+        elif part != ".":
+            current = candidate
+    raise OSError(f"too many symlinks resolving {path}")
+
+
+@functools.lru_cache(maxsize=None)
+def _seccomp_program() -> bytes:
+    """A seccomp filter (classic BPF, struct sock_filter[]) for this machine's architecture: the socket system
+    calls and io_uring (whose requests can open and connect sockets without them) fail with EPERM, x32 system
+    calls on x86_64 too; a system call of any other architecture kills the process; everything else is allowed."""
+    arch, blocked = _SECCOMP_ARCHES[os.uname().machine]
+    # (code, jt, jf, k); jumps count instructions from the next one.
+    checks = [(_BPF_JEQ, 0, 0, number) for number in blocked]
+    if os.uname().machine == "x86_64":
+        checks.insert(0, (_BPF_JGE, 0, 0, _X32_SYSCALL_BIT))
+    program = [(_BPF_LD_ABS, 0, 0, _SECCOMP_DATA_ARCH), (_BPF_JEQ, 0, len(checks) + 3, arch),
+               (_BPF_LD_ABS, 0, 0, _SECCOMP_DATA_NR)]
+    program += [(code, len(checks) - index, 0, k) for index, (code, _, _, k) in enumerate(checks)]
+    program += [(_BPF_RET, 0, 0, _SECCOMP_RET_ALLOW), (_BPF_RET, 0, 0, _SECCOMP_RET_ERRNO | errno.EPERM),
+                (_BPF_RET, 0, 0, _SECCOMP_RET_KILL_PROCESS)]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+
+
+def _memfd(files_here: contextlib.ExitStack, data: bytes) -> int:
+    """A file descriptor (closed with `files_here`) to read `data` from, for a sandbox to inherit."""
+    fd = os.memfd_create("sandbox")
+    files_here.callback(os.close, fd)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _bwrap_command(view: dict, as_root: bool, seccomp_fd: int) -> list[str]:
+    """bwrap's arguments for `view`: a read-only tmpfs root with only `view`'s paths bound (read-only) and covered,
+    a fresh /proc, bwrap's minimal /dev (read-only) and a size-capped tmpfs working directory, all in the sandbox's
+    own mount namespace; the seccomp filter read from `seccomp_fd`. As an ordinary user bwrap makes a user namespace
+    and drops every capability itself; as root it makes no user namespace and keeps only CAP_SETUID and
+    CAP_SETGID, which the entry script spends on switching to the sandbox uid (bwrap also sets no_new_privs and
+    mounts everything nosuid)."""
+    command = ["bwrap", "--die-with-parent", "--new-session", "--seccomp", str(seccomp_fd)]
     if as_root:
         command += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                     "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         command += ["--unshare-all"]
-    size = str(view["tmp_bytes"])
-    command += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-                "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
-    for hidden in view["hide"]:
-        if hidden == view["tmp"]:
-            command += ["--perms", "1777", "--size", size, "--tmpfs", hidden]
-        else:
-            command += ["--perms", "0755", "--tmpfs", hidden]
-    for path, how in [*((path, "--ro-bind") for path in view["expose"]), (workdir, "--bind")]:
-        hidden = next((hidden for hidden in view["hide"] if _is_under(path, hidden)), None)
-        if hidden is not None:
-            for parent in reversed(Path(path).parents):
-                if _is_under(str(parent), hidden) and str(parent) != hidden:
-                    command += ["--perms", "0755", "--dir", str(parent)]
-        command += [how, path, path]
-    for hidden in view["hide"]:
-        if hidden != view["tmp"]:
-            command += ["--remount-ro", hidden]
-    return [*command, "--remount-ro", "/dev", "--chdir", "/", "--"]
+    # bwrap would make the directories on the way to a bound path 0700 for root alone, and the sandbox uid must
+    # pass them; they hold nothing but the way.
+    ways = {str(parent) for path in (*view["binds"], *(link for link, _ in view["links"]))
+            for parent in Path(path).parents if str(parent) != "/"}
+    for directory in sorted(ways, key=lambda way: (way.count("/"), way)):
+        command += ["--perms", "0755", "--dir", directory]
+    for link, target in view["links"]:
+        command += ["--symlink", target, link]
+    for path in view["binds"]:
+        command += ["--ro-bind", path, path]
+    for path in view["covers"]:
+        command += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
+    # As root the entry script writes the program's files after switching uid, into a directory root made.
+    command += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777" if as_root else "0700",
+                "--size", str(view["workdir_bytes"]), "--tmpfs", _WORKDIR]
+    return [*command, "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", _WORKDIR, "--"]
 
 
 def _is_under(path: str, directory: str) -> bool:
@@ -264,41 +537,46 @@ def _outermost(paths: Sequence[str]) -> list[str]:
     return kept
 
 
-def _run(command: list[str], workdir: Path, private: Path, uid: int | None, limits: SandboxLimits) -> SandboxResult:
-    environment = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "HOME": str(workdir),
-        "TMPDIR": str(workdir),
-        "OPENBLAS_NUM_THREADS": "1",
-        "OMP_NUM_THREADS": "1",
-    }
-    with open(private / "stdin", "rb") as stdin, open(private / "stdout", "wb") as stdout, open(
-        private / "stderr", "wb"
-    ) as stderr:
-        process = subprocess.Popen(
-            command,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            cwd=workdir,
-            env=environment,
-            start_new_session=True,
-            close_fds=True,
-        )
+def _remove_tree(path: Path) -> None:
+    """Removes `path` whatever modes the program left on it (as an ordinary user, a directory it made 000 can be
+    neither listed nor emptied until its owner gives the permissions back); logs an error if anything remains.
+    Symlinks are never followed, so a link the program planted cannot turn the chmod onto a file outside."""
+    if path.is_symlink() or not path.exists():
+        return
+    for directory, subdirectories, _ in os.walk(path, onerror=None):
+        for name in subdirectories:
+            child = os.path.join(directory, name)
+            if not os.path.islink(child):
+                with contextlib.suppress(OSError):
+                    os.chmod(child, 0o700)
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        _logger.error("sandbox: could not remove %s; it stays on disk", path)
+
+
+def _resident_bytes_under(root: int) -> int:
+    """Resident memory of every live descendant of `root` together (a sandbox's processes; pages shared between
+    them count once per process, so this errs high)."""
+    children: dict[int, list[int]] = {}
+    resident: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            returncode: int | None = process.wait(timeout=limits.wall_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            returncode, timed_out = None, True
-        finally:
-            _kill_everything(process, uid)
-    return SandboxResult(
-        returncode=returncode,
-        stdout=_read(private / "stdout", limits.max_output_chars),
-        stderr=_read(private / "stderr", limits.max_output_chars),
-        timed_out=timed_out,
-    )
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+        resident[int(name)] = int(fields[21]) if fields[0] != b"Z" else 0
+    total, pending = 0, list(children.get(root, []))
+    while pending:
+        pid = pending.pop()
+        total += resident.get(pid, 0)
+        pending.extend(children.get(pid, []))
+    return total * _PAGE_BYTES
 
 
 def _kill_everything(process: subprocess.Popen, uid: int | None) -> None:
