@@ -64,7 +64,7 @@ def test_sglangs_parser_refuses_an_argument_it_does_not_take(sglang_site):
 
 
 @pytest.mark.sglang_conformance
-@pytest.mark.timeout(600)
+@pytest.mark.time_limit(600)
 def test_the_client_reads_tp_size_and_dtype_from_the_server_info_of_a_launched_command(sglang_site, tmp_path):
     (_, argv), = server_commands(num_servers=1, tp_size=2, first_gpu=0, **{**BASE, "dtype": "float16"})
     server = ReferenceServer(sglang_site, tmp_path, sglang_arguments(argv))

@@ -22,7 +22,7 @@ from rollout.transport import read_checkpoint
 from rollout.types import SamplingParams
 from tests.sglang_reference_server import VOCAB, ReferenceServer
 
-pytestmark = [pytest.mark.sglang_conformance, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.sglang_conformance, pytest.mark.time_limit(600)]
 
 MODEL_ARGS = ["--model-path", "/models/conductor", "--weight-version", "0"]
 # SGLang's SamplingParams turns top_k=-1 ("off") into this (sampling/sampling_params.py TOP_K_ALL).

@@ -209,7 +209,7 @@ UPDATE_DISTRIBUTED_FIELDS = {
 }
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.time_limit(120)
 def test_distributed_update_broadcasts_flattened_buckets_over_gloo_in_the_servers_dtype(tmp_path):
     http_port, master_port = free_port(), free_port()
     server = subprocess.Popen(
@@ -255,7 +255,7 @@ def test_distributed_update_broadcasts_flattened_buckets_over_gloo_in_the_server
         server.wait()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.time_limit(120)
 def test_a_refused_bucket_still_closes_the_weight_update_session_and_leaves_the_servers_paused():
     http_port, master_port = free_port(), free_port()
     server = subprocess.Popen(
@@ -352,7 +352,7 @@ def test_tp_sizes_are_read_from_the_servers_and_a_config_that_disagrees_is_refus
     assert make_generator(urls, tmp_path).server_tp_sizes is None
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.time_limit(60)
 def test_a_rendezvous_a_server_never_joins_fails_within_the_timeout_naming_what_to_check(fakes, tmp_path):
     fakes[0].server_args["tp_size"] = 2
     for fake in fakes:
