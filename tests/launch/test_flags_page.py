@@ -1,4 +1,4 @@
-"""README's table of the flags researchers touch names real `launch.train` flags with their defaults in the code."""
+"""docs/flags.md's table of the flags researchers touch names real `launch.train` flags with their defaults in the code."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from absl import flags
 
 from launch import train  # noqa: F401  (defines the flags)
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+FLAGS_PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "flags.md"
 HEADER = "| flag | default | what it changes |"
 # How the table writes a default of None.
 UNSET = {"unset", "whole batch", "mini-batch"}
 
 
 def _rows() -> list[tuple[list[str], list[str]]]:
-    lines = README.read_text().splitlines()
+    lines = FLAGS_PAGE.read_text().splitlines()
     start = lines.index(HEADER) + 2
     rows = []
     for line in lines[start:]:
