@@ -582,10 +582,15 @@ def _resident_bytes_under(root: int) -> int:
 def _kill_everything(process: subprocess.Popen, uid: int | None) -> None:
     """Kills the sandbox: the init of its PID namespace (the child of bwrap or unshare; the whole namespace dies
     with it, and it is gone only once the rest is), the session's process group and, with a sandbox uid, every
-    process left under that uid (children that started their own session), until none is left."""
+    process left under that uid (children that started their own session), until none is left. bwrap and unshare
+    get a moment to reap the init and exit first: killed before that, they would leave it a zombie of the host's
+    pid 1, which in a container may never reap it."""
     inits = _children_of(process.pid) if process.poll() is None else []
     for pid in inits:
         _sigkill(pid)
+    if inits:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=2.0)
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

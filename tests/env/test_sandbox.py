@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -45,7 +46,8 @@ def _sandbox_dirs() -> set[str]:
 def leaves_nothing_behind():
     dirs_before = _sandbox_dirs()
     yield
-    assert _sandbox_processes() == []
+    left = _sandbox_processes()
+    assert left == [], [Path(f"/proc/{pid}/stat").read_text() for pid in left if Path(f"/proc/{pid}").exists()]
     assert _sandbox_dirs() <= dirs_before
 
 
@@ -79,7 +81,7 @@ def test_a_normal_program_reads_stdin_and_writes_stdout(leaves_nothing_behind):
     assert _scores("print('ok')") == 1.0
 
 
-def test_program_runs_in_its_own_temp_dir_with_scrubbed_environment_and_no_root(leaves_nothing_behind):
+def test_program_runs_in_its_own_working_directory_with_scrubbed_environment_and_no_root(leaves_nothing_behind):
     os.environ["SANDBOX_TEST_SECRET"] = "s3cret"
     try:
         result = run_python(
@@ -91,7 +93,7 @@ def test_program_runs_in_its_own_temp_dir_with_scrubbed_environment_and_no_root(
         del os.environ["SANDBOX_TEST_SECRET"]
     cwd, names, uid, scratch = result.stdout.splitlines()
     assert result.ok
-    assert Path(cwd).name.startswith("sandbox-") and not Path(cwd).exists()
+    assert cwd == sandbox._WORKDIR and not Path(cwd).exists()
     assert "SANDBOX_TEST_SECRET" not in names and "PATH" in names
     assert scratch == "fine"
     if os.getuid() == 0:
@@ -245,12 +247,70 @@ def _disarm_audit_hooks():
 _disarm_audit_hooks()
 """
 SECRET = "sk-test-sandbox-secret"
+# Prints {family: errno} for a socket of each family (and a connection to the host's listeners where the socket
+# opens); "open" where the kernel gave one.
+SOCKET_FAMILIES = """
+import errno, json, socket
+report = {{}}
+attempts = {{
+    'tcp': (socket.AF_INET, socket.SOCK_STREAM, ('127.0.0.1', {port})),
+    'udp': (socket.AF_INET, socket.SOCK_DGRAM, ('127.0.0.1', {port})),
+    'tcp6': (socket.AF_INET6, socket.SOCK_STREAM, ('::1', {port})),
+    'unix path': (socket.AF_UNIX, socket.SOCK_STREAM, {unix}[0]),
+    'unix abstract': (socket.AF_UNIX, socket.SOCK_STREAM, {unix}[1]),
+    'netlink': (socket.AF_NETLINK, socket.SOCK_RAW, None),
+}}
+for name, (family, kind, address) in attempts.items():
+    try:
+        connection = socket.socket(family, kind)
+        report[name] = 'open'
+        if address is not None:
+            connection.connect(address)
+            report[name] = 'connected'
+    except OSError as error:
+        report.setdefault(name, error.errno)
+try:
+    socket.socketpair()
+    report['socketpair'] = 'open'
+except OSError as error:
+    report['socketpair'] = error.errno
+print(json.dumps(report))
+"""
+MEMORY_BOMB = """
+import os, time
+children = []
+for _ in range(8):
+    pid = os.fork()
+    if pid == 0:
+        held = b'x' * (200 << 20)
+        time.sleep(10)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+print('ok')
+"""
+CHMOD_000 = """
+import os
+for directory in ('kept', 'kept/deeper'):
+    os.mkdir(directory)
+    for index in range(3):
+        open(f'{directory}/data{index}', 'wb').write(bytes(1 << 20))
+os.chmod('kept/deeper', 0)
+os.chmod('kept', 0)
+try:
+    os.chmod('.', 0)
+except PermissionError:  # as root under bwrap the working directory is root's (mode 1777)
+    pass
+"""
 USERS = ("root", "nobody")
 
 
-def _hostile_programs(outside: Path, marker: str, port: int) -> dict[str, SandboxJob]:
+def _hostile_programs(outside: Path, marker: str, port: int, secrets: list[str], unix_paths: list[str]) -> dict:
     """Attacks that print "ok" when they get through; spawned shells carry `marker` in their command line and try
-    to plant a file in `outside` (a directory anyone may write to, outside every sandbox directory)."""
+    to plant a file in `outside` (a directory anyone may write to, outside every sandbox directory). `secrets` are
+    host files the sandbox's user could read were it not for the sandbox; `unix_paths` are listening unix sockets
+    on the host (a path and an abstract name, starting with NUL)."""
     target = str(outside / "planted")
     shell = f"echo x > {target}; while :; do sleep 1; done"
     planted = f"import os, time\ntime.sleep(0.5)\nif os.path.exists({target!r}):\n    print('ok')\n"
@@ -314,6 +374,23 @@ if os.fork() == 0:
             + planted
         ),
         "os.fork": SandboxJob(DISARM_AUDIT_HOOK + fork + planted),
+        "read a host file the user may read": SandboxJob(DISARM_AUDIT_HOOK + f"""
+for path in {secrets!r} + ['/etc/passwd', '/etc/hostname', '/proc/1/environ']:
+    try:
+        if {SECRET!r} in open(path).read() or path.startswith('/etc/'):
+            print('ok')
+    except OSError:
+        pass
+"""),
+        "sockets of every family": SandboxJob(DISARM_AUDIT_HOOK + SOCKET_FAMILIES.format(port=port, unix=unix_paths)),
+        "eight children of 200 MB under memory_mb=256": SandboxJob(
+            DISARM_AUDIT_HOOK + MEMORY_BOMB, SandboxLimits(cpu_s=10, wall_s=30.0, memory_mb=256)
+        ),
+        "150 MB into a 32 MB working directory": SandboxJob(
+            "for index in range(10):\n    open(f'part{index}', 'wb').write(bytes(15 << 20))\nprint('ok')",
+            SandboxLimits(cpu_s=5, wall_s=20.0, memory_mb=512, workdir_mb=32),
+        ),
+        "chmod 000 to stay on disk": SandboxJob(DISARM_AUDIT_HOOK + CHMOD_000),
     }
 
 
@@ -333,23 +410,51 @@ def nobody_layers(nobody) -> dict[str, bool]:
 
 @pytest.fixture
 def outside():
-    """A directory anyone may write to, where the sandbox shows the real filesystem (read-only): beside this file
-    unless the checkout sits in a directory the sandbox hides (a home directory)."""
-    hidden = sandbox._view("/tmp/x", FAST)["hide"]
-    parent = next(
-        (
-            candidate
-            for candidate in (Path(__file__).parent, Path("/var/lib"), Path("/opt"))
-            if os.access(candidate, os.W_OK) and not any(sandbox._is_under(str(candidate), h) for h in hidden)
-        ),
-        None,
-    )
-    if parent is None:
-        pytest.skip("no writable directory outside those the sandbox hides")
-    path = Path(tempfile.mkdtemp(prefix=".sandbox-target-", dir=parent))
+    """A directory anyone may write to, on the host."""
+    path = Path(tempfile.mkdtemp(prefix=".sandbox-target-"))
     path.chmod(0o1777)
     yield path
     shutil.rmtree(path)
+
+
+@pytest.fixture
+def secrets():
+    """Host files holding SECRET that the sandbox's user could read were it not for the sandbox: one of nobody's
+    own, mode 0600, and one anyone may read (the sandbox's fresh uid as root can read only those)."""
+    directory = Path(tempfile.mkdtemp(prefix=".sandbox-secrets-"))
+    directory.chmod(0o755)
+    own, public = directory / "nobody.key", directory / "public.key"
+    for path, mode in ((own, 0o600), (public, 0o644)):
+        path.write_text(SECRET)
+        path.chmod(mode)
+    os.chown(own, unprivileged.NOBODY, unprivileged.NOBODY)
+    yield [str(own), str(public)]
+    shutil.rmtree(directory)
+
+
+@pytest.fixture
+def unix_listeners():
+    """Listening unix sockets on the host, a path (anyone may connect) and an abstract name: (addresses, accepted)."""
+    directory = Path(tempfile.mkdtemp(prefix=".sandbox-unix-"))
+    directory.chmod(0o755)
+    path_server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path_server.bind(str(directory / "listener"))
+    (directory / "listener").chmod(0o777)
+    abstract_server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract_server.bind(f"\0sandbox-test-{uuid.uuid4().hex}")
+    servers = [path_server, abstract_server]
+    accepted: list = []
+    for server in servers:
+        server.listen()
+        server.setblocking(False)
+    yield [server.getsockname() for server in servers], accepted
+    for server in servers:
+        try:
+            accepted.append(server.accept())
+        except BlockingIOError:
+            pass
+        server.close()
+    shutil.rmtree(directory)
 
 
 @pytest.fixture
@@ -410,22 +515,33 @@ def _processes_mentioning(text: str) -> list[int]:
 @pytest.mark.parametrize("layer", KERNEL_LAYERS)
 @pytest.mark.parametrize("user", USERS)
 def test_hostile_programs_get_nothing_and_leave_nothing(
-    user, layer, request, outside, live_server, monkeypatch, leaves_nothing_behind
+    user, layer, request, outside, live_server, secrets, unix_listeners, monkeypatch, leaves_nothing_behind
 ):
     runner = _runner_for(user, layer, request)
     monkeypatch.setenv("SANDBOX_TEST_SECRET", SECRET)
     port, accepted = live_server
+    unix_paths, unix_accepted = unix_listeners
     marker = f"sandbox-marker-{uuid.uuid4().hex}"
-    programs = _hostile_programs(outside, marker, port)
+    programs = _hostile_programs(outside, marker, port, secrets, unix_paths)
     results = dict(zip(programs, _run_jobs(runner, list(programs.values()), layer)))
     assert {name: result.stderr[-300:] for name, result in results.items() if "ok" in result.stdout.split()} == {}
-    # The kernel, not the disarmed audit hook, is what refused.
-    assert "Read-only file system" in results["write outside the working directory"].stderr
-    assert "Read-only file system" in results["ctypes: libc open"].stderr
-    # A fresh network namespace: no route out (unshare) or only its own loopback, where nothing listens (bwrap).
-    socket_error = results["socket to a live local server"].stderr.splitlines()[-1]
-    assert "Network is unreachable" in socket_error or "Connection refused" in socket_error
-    assert list(outside.iterdir()) == [] and accepted == []
+    # The kernel, not the disarmed audit hook, is what refused: nothing of the host is there to write to.
+    assert "No such file or directory" in results["write outside the working directory"].stderr
+    assert "No such file or directory" in results["ctypes: libc open"].stderr
+    # The seccomp filter: no socket of any family, whatever the address.
+    assert "Operation not permitted" in results["socket to a live local server"].stderr.splitlines()[-1]
+    sockets = results["sockets of every family"]
+    assert json.loads(sockets.stdout) == dict.fromkeys(
+        ["tcp", "udp", "tcp6", "unix path", "unix abstract", "netlink", "socketpair"], errno.EPERM
+    ), sockets.stderr
+    assert list(outside.iterdir()) == [] and accepted == [] and unix_accepted == []
+    # The sandbox as a whole: eight processes of 200 MB are killed together, not 1.6 GB held under a 256 MB limit.
+    bomb = results["eight children of 200 MB under memory_mb=256"]
+    assert bomb.returncode != 0 and not bomb.timed_out
+    assert "sandbox: killed: its processes held" in bomb.stderr and "over memory_mb=256" in bomb.stderr
+    assert "No space left on device" in results["150 MB into a 32 MB working directory"].stderr
+    chmod = results["chmod 000 to stay on disk"]
+    assert chmod.ok, chmod.stderr
     assert _processes_mentioning(marker) == []
     if runner is not None:
         assert _processes_mentioning(str(runner.directory)) == []
@@ -433,20 +549,24 @@ def test_hostile_programs_get_nothing_and_leave_nothing(
 
 @pytest.mark.parametrize("layer", KERNEL_LAYERS)
 @pytest.mark.parametrize("user", USERS)
-def test_the_program_sees_a_private_tmp_no_home_a_read_only_system_and_its_own_pids(
+def test_the_program_sees_only_the_interpreter_and_its_working_directory(
     user, layer, request, leaves_nothing_behind
 ):
     runner = _runner_for(user, layer, request)
-    marker = uuid.uuid4().hex
-    program = DISARM_AUDIT_HOOK + f"""
+    program = DISARM_AUDIT_HOOK + """
 import json, os, sys
-open('/tmp/escaped-{marker}', 'w').write('x')
-report = {{'uid': os.getuid(), 'root': sorted(os.listdir('/root')), 'home': os.listdir('/home'),
-          'tmp': sorted(os.listdir('/tmp')), 'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit())}}
-for directory in ('/etc', sys.prefix, '/dev', '/root', '/home', '/run'):
-    path = os.path.join(directory, 'planted-{marker}')
+visible = []
+for directory, subdirectories, files in os.walk('/'):
+    if directory in ('/proc', '/dev'):
+        subdirectories.clear()
+        continue
+    visible += [os.path.join(directory, name) for name in files]
+report = {'uid': os.getuid(), 'top': sorted(os.listdir('/')), 'visible': visible, 'executable': sys.executable,
+          'stdlib': os.path.dirname(os.__file__), 'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit()),
+          'dev': sorted(os.listdir('/dev'))}
+for directory in ('/', '/etc', os.path.dirname(os.__file__), '/dev'):
     try:
-        open(path, 'w')
+        open(os.path.join(directory, 'planted'), 'w')
     except OSError as error:
         report.setdefault('write errors', []).append(error.strerror)
 print(json.dumps(report))
@@ -454,19 +574,27 @@ print(json.dumps(report))
     (result,) = _run_jobs(runner, [SandboxJob(program)], layer)
     assert result.ok, result.stderr
     report = json.loads(result.stdout)
-    assert not (Path(tempfile.gettempdir()) / f"escaped-{marker}").exists()
-    # /tmp holds the program's own file, its working directory and the way to whatever is bound back read-only
-    # (the interpreter and the entry script, or the unprivileged driver's copy), which may live under /tmp (CI's
-    # fresh virtual environments do); nothing else of the host's /tmp.
-    exposed = sandbox._view("/tmp/x", FAST)["expose"] if user == "root" else [str(runner.directory)]
-    bound = {Path(path).parts[2] for path in exposed if Path(path).parts[1:2] == ("tmp",)}
-    others = set(report["tmp"]) - {f"escaped-{marker}"} - bound
-    assert f"escaped-{marker}" in report["tmp"] and len(others) == 1 and others.pop().startswith("sandbox-"), report
-    assert report["home"] == []
-    # /root shows only the way to an interpreter that lives there (bound back read-only), nobody's none.
-    exposed = [path for path in exposed if path != str(getattr(runner, "directory", ""))]
-    assert set(report["root"]) == {Path(path).parts[2] for path in exposed if path.startswith("/root/")}
-    assert report["write errors"] == ["Read-only file system"] * 6
+    # Of the host: the interpreter, its standard library (site-packages covered by an empty tmpfs), the shared
+    # libraries they load, the dynamic linker's cache and the entry script; no /tmp, /home, /etc/passwd or /run.
+    assert set(report["top"]) <= {"dev", "proc", "sandbox", "etc", "usr", "lib", "lib64", "bin", "root", "opt",
+                                  "home", "tmp", "work"}
+    entry = str(Path(sandbox._ENTRY).resolve()) if user == "root" else str(runner.directory / "sandbox_entry.py")
+
+    def expected(path: str) -> bool:
+        name = os.path.basename(path)
+        return (path == report["executable"] or path == entry or path == "/etc/ld.so.cache"
+                or sandbox._is_under(path, sandbox._WORKDIR)
+                or (sandbox._is_under(path, report["stdlib"]) and "site-packages" not in path)
+                or ((".so." in name or name.endswith(".so")) and os.path.isfile(path)))
+
+    assert [path for path in report["visible"] if not expected(path)] == []
+    assert os.path.realpath(report["executable"]) == report["executable"]
+    assert f"{sandbox._WORKDIR}/main.py" in report["visible"]
+    assert not any(sandbox._is_under(path, "/tmp") or sandbox._is_under(path, "/home")
+                   for path in report["visible"] if path != entry)  # the unprivileged driver's copy is in /tmp
+    assert report["write errors"] == ["Read-only file system"] * 4
+    assert set(report["dev"]) <= {"null", "zero", "full", "random", "urandom", "tty", "fd", "stdin", "stdout",
+                                  "stderr", "pts", "ptmx", "shm", "core"}
     assert max(report["pids"]) <= 2  # a fresh PID namespace: its init and the program
     if user == "root":
         assert sandbox._UID_BASE <= report["uid"] < sandbox._UID_BASE + 1024
