@@ -24,7 +24,7 @@ from env.executor import Execution, ExecutorConfig, aclose_workers, execute_asyn
 from env.rewards import RewardConfig, reward
 from env.tasks import sandbox
 from env.tasks.base import Task
-from env.tasks.code import CodeTests
+from env.tasks.code import CodeTests, grade_code, tamper_suspect
 from env.workers.base import Message
 from env.workers.cache import ResponseCache
 from env.workflow import AccessMode, Workflow, WorkflowFormatError, parse_workflow, render_workflow
@@ -71,6 +71,9 @@ class Scored:
     parse_error: str | None
     execution: Execution | None
     grade: float | None
+    # For a code task's passing answer (grade > 0): whether its program names what a forged verdict needs
+    # (`env.tasks.code.tamper_suspect`); None otherwise. Its mean is the share of code passes flagged.
+    code_tamper_suspect: bool | None = None
 
     def info(self) -> dict[str, Any]:
         return {
@@ -221,7 +224,8 @@ class ConductorEnv(gymnasium.Env):
                 self._grading, task.grade, execution.final_answer
             )
         total, components = reward(execution, grade, None, config.reward, previous_reward=previous_reward)
-        return Scored(task.id, round_index, total, components, workflow, None, execution, grade)
+        suspect = tamper_suspect(execution.final_answer) if task.grader is grade_code and grade > 0 else None
+        return Scored(task.id, round_index, total, components, workflow, None, execution, grade, suspect)
 
     async def score_batch(
         self,
