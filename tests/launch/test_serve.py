@@ -18,7 +18,7 @@ from aiohttp import web
 from env import tasks as task_library
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch.serve import ChatServer, ConductorService, ServeConfig, attempt_temperatures
+from launch.serve import AccessConfig, ChatServer, ConductorService, ServeConfig, attempt_temperatures
 from models import zoo
 from tests.tiny_models import tiny_hf_model_dir
 from models.tokenizer import load_tokenizer
@@ -112,12 +112,12 @@ def workflow_text(*steps: Step) -> str:
     return render_workflow(Workflow(steps=steps, reasoning="Route it."))
 
 
-def synthetic_server(tokenizer, text: str, *, skills=None, delay_s: float = 0.0, **config):
-    """(server, the world's tasks): a scripted Conductor over a four-worker synthetic pool."""
+def synthetic_server(tokenizer, text: str, *, skills=None, delay_s: float = 0.0, access=AccessConfig(), **config):
+    """(server, the world's tasks): a scripted Conductor over a four-worker synthetic pool, behind `access`."""
     world = build_world(SyntheticWorldConfig(num_workers=4, num_tasks=20, skills=skills))
     service = ConductorService(ScriptedGenerator(tokenizer, text, delay_s), tokenizer, world.pool,
                                ServeConfig(**config), tasks=world.tasks)  # fmt: skip
-    return ChatServer(service), world.tasks
+    return ChatServer(service, access), world.tasks
 
 
 PERFECT = ((1.0,) * 4,) * 4  # every synthetic worker always right
