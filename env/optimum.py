@@ -11,6 +11,11 @@ itself held the gold answer would break this, which a Conductor that never sees 
 `best_fixed_workflow` searches every workflow shape up to `max_steps`: each step's worker, and each step's access
 list (binary mode: "all" or nothing, step 0 always nothing; fine mode: any subset of the earlier steps). Shapes that
 share a prefix share its outcome distribution, so the search extends one distribution per prefix.
+
+`reward_table` gives every candidate workflow's exact expected reward in every context of a world whose workers
+charge a fixed price per call (so a USD penalty is exact too): what the orchestration world (`env.orchestration`)
+compares its fixed, per-domain and per-question optima on. `access_pattern` names a workflow's topology apart from
+its workers.
 """
 
 from __future__ import annotations
@@ -103,6 +108,51 @@ def best_fixed_workflow(
                     stack.append((shape, extended))
     assert best is not None
     return FixedWorkflowOptimum(Workflow(steps=best[2]), best[0], best[1], searched)
+
+
+def reward_table(
+    candidates: Sequence[Workflow],
+    skills: np.ndarray,
+    call_costs: Sequence[float],
+    answer_model: AnswerModel,
+    reward_config: RewardConfig,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(p_correct[c, w], reward[c, w]): candidate w's exact probability of a right final answer and expected reward in
+    context c, where `skills[c, j]` is pool worker j's skill there and `call_costs[j]` the USD it charges per call.
+    The reward subtracts the step penalty and the USD penalty times the summed call costs; a token penalty depends on
+    the text and is refused."""
+    if reward_config.token_penalty:
+        raise ValueError("the reward table is exact only without a token penalty")
+    matrix = np.asarray(skills, dtype=np.float64)
+    costs = np.asarray(call_costs, dtype=np.float64)
+    if matrix.ndim != 2 or costs.shape != (matrix.shape[1],):
+        raise ValueError(f"skills must be [contexts, workers] and call_costs one per worker, got {matrix.shape}, "
+                         f"{costs.shape}")
+    if np.any(costs < 0):
+        raise ValueError("call costs must be >= 0")
+    if not candidates:
+        raise ValueError("no candidate workflows")
+    p_correct = np.stack([_final_p_correct_by_domain(w, matrix, answer_model) for w in candidates], axis=1)
+    spent = np.asarray([costs[[step.worker for step in w.steps]].sum() for w in candidates])
+    steps = np.asarray([len(w.steps) for w in candidates], dtype=np.float64)
+    reward = (
+        reward_config.wrong + (reward_config.correct - reward_config.wrong) * p_correct + reward_config.format_bonus
+        - reward_config.step_penalty * steps[None, :] - reward_config.usd_penalty * spent[None, :]
+    )
+    return p_correct, reward
+
+
+def candidate_workflows(pool_size: int, max_steps: int, access_mode: AccessMode = "binary") -> list[Workflow]:
+    """Every workflow of 1 to `max_steps` steps (`workflow_shapes`), fewer steps first: the order ties are broken in."""
+    return [w for steps in range(1, max_steps + 1) for w in workflow_shapes(pool_size, steps, access_mode)]
+
+
+def access_pattern(workflow: Workflow) -> str:
+    """A workflow's topology without its workers: each step's visible earlier steps, e.g. "[] [] [0,1]" for two
+    parallel answers and an aggregator reading both."""
+    return " ".join(
+        "[" + ",".join(str(j) for j in step.visible_steps(i)) + "]" for i, step in enumerate(workflow.steps)
+    )
 
 
 def workflow_shapes(pool_size: int, steps: int, access_mode: AccessMode = "binary") -> Iterator[Workflow]:

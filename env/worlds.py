@@ -17,6 +17,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from env import tasks as task_library
+from env.orchestration import OrchestrationReference, OrchestrationWorldConfig
+from env.orchestration import build as build_orchestration
 from env.rewards import RewardConfig
 from env.tasks.base import Task
 from env.workers.anthropic_api import AnthropicWorker
@@ -103,12 +105,14 @@ def optimal_policy(
 
 @dataclasses.dataclass
 class World:
-    """A pool and its tasks. `oracle` is set where the optimal policy is known (synthetic)."""
+    """A pool and its tasks. `oracle` is set where the optimal policy is known (synthetic); `orchestration` holds the
+    orchestration world's exact reference policies (`env.orchestration`)."""
 
     name: str
     pool: list[Worker]
     tasks: list[Task]
     oracle: OraclePolicy | None = None
+    orchestration: OrchestrationReference | None = None
 
     def __post_init__(self) -> None:
         if not self.pool:
@@ -228,13 +232,18 @@ class PaperWorldConfig:
 
 PAPER_OPEN_MODELS = ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "google/gemma-3-27b-it", "Qwen/Qwen3-32B")
 
-WorldConfig = SyntheticWorldConfig | ReplayWorldConfig | LocalWorldConfig | PaperWorldConfig
+WorldConfig = (
+    SyntheticWorldConfig | ReplayWorldConfig | LocalWorldConfig | PaperWorldConfig | OrchestrationWorldConfig
+)
 
 
 def build_world(config: WorldConfig, reward_config: RewardConfig = RewardConfig(), max_steps: int = 5) -> World:
-    """The world a config describes. `reward_config` and `max_steps` only shape the synthetic oracle."""
+    """The world a config describes. `reward_config` and `max_steps` only shape the synthetic oracle and the
+    orchestration world's exact reference."""
     if isinstance(config, SyntheticWorldConfig):
         return _synthetic(config, reward_config, max_steps)
+    if isinstance(config, OrchestrationWorldConfig):
+        return build_orchestration(config, reward_config, max_steps)
     if isinstance(config, ReplayWorldConfig):
         return _replay(config)
     if isinstance(config, LocalWorldConfig):

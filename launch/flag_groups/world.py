@@ -9,6 +9,7 @@ from absl import flags
 from env.tasks import data_files, routerdc
 from env.workers.api import Price
 from env.workers.simulated import AnswerModel, MultiStepRule
+from env.orchestration import OrchestrationWorldConfig
 from env.worlds import LocalWorldConfig, PaperWorldConfig, ReplayWorldConfig, SyntheticWorldConfig, WorldConfig
 from launch.flag_groups import shared
 from models import zoo
@@ -16,7 +17,8 @@ from models import zoo
 _TASKS = flags.DEFINE_list(
     "tasks", [],
     "Training tasks. replay: RouterDC file stems (e.g. mmlu_train,gsm8k-train); local: one env.tasks name; "
-    "paper: name or name:path entries (math500, mmlu, rlpr, livecodebench). Empty: the world's default.",
+    "paper: name or name:path entries (math500, mmlu, rlpr, livecodebench); orchestration: one split (train, "
+    "validation, test). Empty: the world's default.",
 )
 _TASK_LIMIT = flags.DEFINE_integer("task_limit", None, "At most this many questions per task file.")
 _DATA_DIR = flags.DEFINE_string(
@@ -99,7 +101,15 @@ def _found(task: str) -> str | None:
     return str(directory) if directory else None
 
 
-_CONFIGS = {"synthetic": _synthetic, "replay": _replay, "local": _local, "paper": _paper}
+def _orchestration(tasks: Sequence[str], answer_model: AnswerModel) -> OrchestrationWorldConfig:
+    if len(tasks) > 1:
+        raise ValueError(f"the orchestration world takes one split (train, validation or test), got {list(tasks)}")
+    return OrchestrationWorldConfig(split=tasks[0] if tasks else "train", answer_model=answer_model)
+
+
+_CONFIGS = {
+    "synthetic": _synthetic, "replay": _replay, "local": _local, "paper": _paper, "orchestration": _orchestration,
+}
 _WORLD = flags.DEFINE_enum("world", "synthetic", list(_CONFIGS), "The worker pool and tasks.")
 
 
