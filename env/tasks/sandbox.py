@@ -3,29 +3,35 @@
 Layers, from the strongest:
 - a kernel sandbox, the first of `KERNEL_LAYERS` that works here (`isolation_layer()` says which; each is
   probed once per process by running a program through it):
-  - "bwrap" (bubblewrap): fresh user (as an ordinary user), PID, network, IPC and UTS namespaces; a fresh /proc,
-    a minimal /dev, the rest of the filesystem read-only and nosuid, no new privileges; empty read-only tmpfs
-    over /home, /root, /run, /var/tmp and our home; a private /tmp and /dev/shm, size-capped; the interpreter
-    and the entry script bound back read-only where they sit under a hidden directory; of the real filesystem
-    only the working directory writable;
-  - "unshare" (util-linux): the same namespaces and the same view of the filesystem, built by
-    sandbox_entry.py itself inside the fresh mount namespace. As an ordinary user the namespaces belong to a
-    user namespace (`unshare --user --map-root-user`) whose root builds the view and then enters a nested user
-    namespace as the user again, so the program holds no capability anywhere;
-  as root either layer ends with the program under a fresh unprivileged uid (a block of uids per process), so
-  that RLIMIT_NPROC bounds it and it owns nothing outside its working directory. Where no kernel layer works,
-  `run_python` refuses with `SandboxUnavailable`, which names the fix, unless `allow_unsandboxed_code()` was
-  called (`EnvConfig.allow_unsandboxed_code`, the launchers' `--allow_unsandboxed_code`);
-- kernel resource limits: CPU seconds, address space, process count, file size (which also bounds output,
-  since stdout and stderr are files), open files; plus a wall-clock timeout enforced from here;
-- a temporary working directory (also HOME and TMPDIR) and an environment with nothing but PATH and locale;
+  - "bwrap" (bubblewrap): fresh user (as an ordinary user), PID, network, IPC and UTS namespaces; a root of its
+    own (a read-only tmpfs) holding nothing of the host but the interpreter, its standard library (site-packages
+    covered by an empty tmpfs), the shared libraries they load, the dynamic linker's cache and the entry script,
+    bound read-only and nosuid (`_interpreter_paths`); a fresh /proc, a minimal read-only /dev, and the working
+    directory, /sandbox, a tmpfs of `workdir_mb`; no new privileges;
+  - "unshare" (util-linux): the same namespaces and the same root, assembled by sandbox_entry.py itself inside
+    the fresh mount namespace and entered with pivot_root (the host's root detached). As an ordinary user the
+    namespaces belong to a user namespace (`unshare --user --map-root-user`) whose root builds the view and then
+    enters a nested user namespace as the user again, so the program holds no capability anywhere;
+  both with a seccomp filter (`_seccomp_program`) under which no socket of any family can be made (nor io_uring,
+  which could make one); as root either layer ends with the program under a fresh unprivileged uid (a block of
+  uids per process), so that RLIMIT_NPROC bounds it and it owns nothing outside its working directory. Where no
+  kernel layer works, `run_python` refuses with `SandboxUnavailable`, which names the fix, unless
+  `allow_unsandboxed_code()` was called (`EnvConfig.allow_unsandboxed_code`, the launchers' `--allow_unsandboxed_code`);
+- kernel resource limits per process: CPU seconds, address space, process count, file size (which also bounds
+  output, since stdout and stderr are files), open files; for the sandbox as a whole a watchdog here that kills it
+  at the wall-clock limit or once its processes together hold more than `memory_mb` resident (looked at every
+  `_WATCH_S`, so a fast allocation can overshoot for that long; the working directory's tmpfs, at most
+  `workdir_mb`, comes on top); no cgroup (see docs/threat-model.md);
+- an environment with nothing but PATH and locale, HOME and TMPDIR the working directory;
 - an audit hook (sandbox_entry.py) refusing sockets, subprocesses, native libraries and writes outside the
   working directory. Python audit hooks are not a security boundary (a program can find and disarm the hook,
   or spawn processes through modules that raise no audit event), which is why the kernel layers come first;
-  without them ("none", opted in) the hook and the limits are all there is, and as root the program's fresh
-  uid must be able to read the interpreter to import anything.
-Afterwards the PID namespace is torn down (every process of the program dies with it), every process left under
-the sandbox uid is killed and the directory removed.
+  without them ("none", opted in) the hook and the limits are all there is: the program sees the host's files
+  as its user may, has no seccomp filter and works in a directory of the host's temporary directory; as root
+  its fresh uid must be able to read the interpreter to import anything.
+Afterwards the PID namespace is torn down (every process of the program dies with it; the working directory's
+tmpfs goes with its mount namespace), every process left under the sandbox uid is killed and the host directories
+removed whatever modes the program left on them, with an error logged for anything that stays.
 """
 
 from __future__ import annotations
@@ -543,14 +549,15 @@ def _remove_tree(path: Path) -> None:
     Symlinks are never followed, so a link the program planted cannot turn the chmod onto a file outside."""
     if path.is_symlink() or not path.exists():
         return
-    for directory, subdirectories, _ in os.walk(path, onerror=None):
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    # Top-down, each directory is opened for the permissions before the walk lists it.
+    for directory, subdirectories, _ in os.walk(path):
         for name in subdirectories:
             child = os.path.join(directory, name)
             if not os.path.islink(child):
                 with contextlib.suppress(OSError):
                     os.chmod(child, 0o700)
-    with contextlib.suppress(OSError):
-        os.chmod(path, 0o700)
     shutil.rmtree(path, ignore_errors=True)
     if os.path.lexists(path):
         _logger.error("sandbox: could not remove %s; it stays on disk", path)

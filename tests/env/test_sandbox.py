@@ -8,6 +8,8 @@ import logging
 import os
 import shutil
 import socket
+import struct
+import subprocess
 import tempfile
 import threading
 import time
@@ -201,6 +203,74 @@ def test_output_flood_is_cut_by_the_file_size_limit(leaves_nothing_behind):
     limits = SandboxLimits(cpu_s=5, wall_s=10.0, max_file_mb=1, max_output_chars=10_000)
     result = run_python("while True:\n    print('x' * 1000)", limits=limits)
     assert not result.ok and len(result.stdout) == 10_000
+
+
+# Numbers from the kernel's system call tables (arch/x86/entry/syscalls/syscall_64.tbl, include/uapi/asm-generic/
+# unistd.h), written out here as the reference the filter is checked against.
+_SYSCALLS = {
+    "x86_64": {"arch": 0xC000003E, "refused": {"socket": 41, "connect": 42, "accept": 43, "bind": 49, "listen": 50,
+                                               "socketpair": 53, "accept4": 288, "io_uring_setup": 425},
+               "allowed": {"read": 0, "write": 1, "openat": 257, "clone": 56, "execve": 59, "exit_group": 231}},
+    "aarch64": {"arch": 0xC00000B7, "refused": {"socket": 198, "socketpair": 199, "bind": 200, "listen": 201,
+                                                "accept": 202, "connect": 203, "accept4": 242, "io_uring_setup": 425},
+                "allowed": {"read": 63, "write": 64, "openat": 56, "clone": 220, "execve": 221, "exit_group": 94}},
+}
+
+
+def _seccomp_verdict(program: bytes, arch: int, number: int) -> int:
+    """What the kernel's classic BPF interpreter returns for `program` on system call `number` of `arch`, for the
+    instructions a seccomp filter of ours may hold (load a word of struct seccomp_data, jeq/jge a constant, return
+    a constant)."""
+    data = struct.pack("=iI", number, arch)  # struct seccomp_data starts with nr, then arch
+    instructions = [struct.unpack_from("=HBBI", program, offset) for offset in range(0, len(program), 8)]
+    accumulator, counter = 0, 0
+    while True:
+        code, jump_true, jump_false, constant = instructions[counter]
+        counter += 1
+        if code == 0x20:
+            (accumulator,) = struct.unpack_from("=I", data, constant)
+        elif code in (0x15, 0x35):
+            taken = accumulator == constant if code == 0x15 else accumulator >= constant
+            counter += jump_true if taken else jump_false
+        elif code == 0x06:
+            return constant
+        else:
+            raise AssertionError(f"unexpected BPF instruction {code:#x}")
+
+
+@pytest.mark.parametrize("machine", sorted(_SYSCALLS))
+def test_the_seccomp_filter_refuses_sockets_and_io_uring_and_kills_foreign_system_calls(machine, monkeypatch):
+    monkeypatch.setattr(sandbox.os, "uname", lambda: os.uname_result(("Linux", "host", "6", "#1", machine)))
+    program = sandbox._seccomp_program.__wrapped__()
+    table = _SYSCALLS[machine]
+    refused, allowed, killed = 0x00050000 | errno.EPERM, 0x7FFF0000, 0x80000000
+    assert {name: _seccomp_verdict(program, table["arch"], number) for name, number in table["refused"].items()} == (
+        dict.fromkeys(table["refused"], refused))
+    assert {name: _seccomp_verdict(program, table["arch"], number) for name, number in table["allowed"].items()} == (
+        dict.fromkeys(table["allowed"], allowed))
+    other = next(entry for name, entry in _SYSCALLS.items() if name != machine)
+    assert _seccomp_verdict(program, other["arch"], other["allowed"]["read"]) == killed
+    assert _seccomp_verdict(program, 0x40000003, 359) == killed  # i386 (int 0x80): socket
+    if machine == "x86_64":  # the x32 ABI: the same numbers with bit 30 set
+        assert _seccomp_verdict(program, table["arch"], 0x40000000 | 41) == refused
+        assert _seccomp_verdict(program, table["arch"], 0x40000000) == refused
+
+
+def test_symlink_chain_records_every_link_on_the_way_and_ends_where_realpath_does(tmp_path):
+    (tmp_path / "real" / "lib").mkdir(parents=True)
+    (tmp_path / "real" / "lib" / "libx.so.1.2").write_text("")
+    (tmp_path / "real" / "lib" / "libx.so.1").symlink_to("libx.so.1.2")
+    (tmp_path / "lib").symlink_to("real/lib")
+    (tmp_path / "lib64").symlink_to(tmp_path / "lib")
+    path = str(tmp_path / "lib64" / "libx.so.1")
+    links, real = sandbox._symlink_chain(path)
+    assert real == os.path.realpath(path) == str(tmp_path / "real" / "lib" / "libx.so.1.2")
+    base = os.path.realpath(tmp_path)
+    assert {link.replace(base, ""): target.replace(base, "") for link, target in links.items()} == {
+        "/lib64": "/lib", "/lib": "real/lib", "/real/lib/libx.so.1": "libx.so.1.2"}
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(OSError, match="too many symlinks"):
+        sandbox._symlink_chain(str(tmp_path / "loop"))
 
 
 def test_limits_are_validated():
@@ -600,6 +670,39 @@ print(json.dumps(report))
         assert sandbox._UID_BASE <= report["uid"] < sandbox._UID_BASE + 1024
     else:
         assert report["uid"] == unprivileged.NOBODY
+
+
+def test_cleanup_removes_what_a_program_locked_with_chmod_000_as_an_ordinary_user(nobody, tmp_path):
+    """Without a kernel layer the working directory is the host's: what the program made unreadable (000) is
+    removed all the same, and a symlink it planted does not turn the cleanup's chmod onto the file it names."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    victim.chmod(0o600)
+    os.chown(victim, unprivileged.NOBODY, unprivileged.NOBODY)
+    tmp_path.chmod(0o755)
+    script = f"""
+import importlib.util, os, sys, tempfile
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("sandbox", {str(nobody.directory / "sandbox.py")!r})
+sandbox = importlib.util.module_from_spec(spec)
+sys.modules["sandbox"] = sandbox
+spec.loader.exec_module(sandbox)
+workdir = tempfile.mkdtemp(prefix="sandbox-cleanup-")
+os.makedirs(workdir + "/kept/deeper")
+for directory in ("kept", "kept/deeper"):
+    open(f"{{workdir}}/{{directory}}/data", "w").write("x")
+os.symlink({str(victim)!r}, workdir + "/kept/deeper/link")
+for directory in ("kept/deeper", "kept", ""):
+    os.chmod(os.path.join(workdir, directory), 0)
+sandbox._remove_tree(Path(workdir))
+print(os.path.lexists(workdir))
+"""
+    completed = subprocess.run(
+        ["setpriv", f"--reuid={unprivileged.NOBODY}", f"--regid={unprivileged.NOBODY}", "--clear-groups", "--",
+         nobody.python, "-I", "-c", script], capture_output=True, text=True, cwd="/", timeout=60,
+    )
+    assert completed.stdout == "False\n", completed.stderr
+    assert victim.stat().st_mode & 0o777 == 0o600 and victim.read_text() == "keep"
 
 
 def test_the_strongest_layer_that_works_is_chosen(monkeypatch):
