@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import hf_io, zoo
-from models.config import MATMUL_IMPLEMENTATIONS, ModelConfig
+from models.config import ModelConfig
 from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
 from rollout.types import SamplingParams
@@ -26,8 +26,7 @@ SMOLLM2 = "smollm2-135m-instruct"
 class ConductorSpec:
     """Which Conductor to load: `name` is 'smollm2-135m-instruct' (the model zoo's), 'tiny' (a small random
     Llama-family model of `tiny_layers` x `tiny_width` with SmolLM2's tokenizer, initialised from `seed`) or a
-    Hugging Face model directory; the learner computes in `dtype` and keeps parameters in `param_dtype`, its
-    matmuls on `matmul_implementation`'s kernel (`models.config.ModelConfig`)."""
+    Hugging Face model directory; the learner computes in `dtype` and keeps parameters in `param_dtype`."""
 
     name: str = TINY
     tiny_layers: int = 2
@@ -35,7 +34,6 @@ class ConductorSpec:
     dtype: Dtype = "float32"
     param_dtype: Dtype = "float32"
     remat: bool = False
-    matmul_implementation: str = "auto"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -46,10 +44,6 @@ class ConductorSpec:
         for field, value in (("dtype", self.dtype), ("param_dtype", self.param_dtype)):
             if value not in get_args(Dtype):
                 raise ValueError(f"{field} must be one of {get_args(Dtype)}, got {value!r}")
-        if self.matmul_implementation not in MATMUL_IMPLEMENTATIONS:
-            raise ValueError(
-                f"matmul_implementation must be one of {MATMUL_IMPLEMENTATIONS}, got {self.matmul_implementation!r}"
-            )
 
 
 def tiny_conductor_config(vocab_size: int, layers: int, width: int) -> dict[str, Any]:
@@ -81,8 +75,7 @@ def load_conductor(spec: ConductorSpec, out_dir: pathlib.Path) -> tuple[Transfor
         tokenizer_dir = zoo.smollm2_135m_instruct_tokenizer()  # the weights are not read
         tokenizer = load_tokenizer(tokenizer_dir)
         hf_config = tiny_conductor_config(len(tokenizer), spec.tiny_layers, spec.tiny_width)
-        config = ModelConfig.from_hf(hf_config, dtype=dtype, param_dtype=param_dtype, remat=spec.remat,
-                                     matmul_implementation=spec.matmul_implementation)
+        config = ModelConfig.from_hf(hf_config, dtype=dtype, param_dtype=param_dtype, remat=spec.remat)
         model = Transformer(config, rngs=nnx.Rngs(spec.seed))
         model_dir = hf_io.save(model, out_dir)
         tokenizer.save_pretrained(model_dir)
@@ -90,8 +83,7 @@ def load_conductor(spec: ConductorSpec, out_dir: pathlib.Path) -> tuple[Transfor
     model_dir = zoo.smollm2_135m_instruct() if spec.name == SMOLLM2 else pathlib.Path(spec.name)
     if not (model_dir / "config.json").exists():
         raise FileNotFoundError(f"--conductor={spec.name}: no config.json in {model_dir}")
-    model = hf_io.load(model_dir, dtype=dtype, param_dtype=param_dtype, remat=spec.remat,
-                       matmul_implementation=spec.matmul_implementation)
+    model = hf_io.load(model_dir, dtype=dtype, param_dtype=param_dtype, remat=spec.remat)
     return model, load_tokenizer(model_dir), model_dir
 
 

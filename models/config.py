@@ -12,8 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 FAMILIES = ("llama", "qwen2", "qwen3")
-ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "cudnn", "mkl")
-MATMUL_IMPLEMENTATIONS = ("auto", "xla", "mkl")
+ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "cudnn")
 
 _SUPPORTED_ROPE_TYPES = (None, "default")
 _SUPPORTED_ACTIVATIONS = ("silu",)
@@ -38,12 +37,9 @@ class ModelConfig:
     matmuls run in; norms, RoPE and softmax always run in float32. `remat` rematerialises each layer in the
     backward pass, trading compute for activation memory. `attention_implementation` is "einsum" (scores as
     explicit matmuls and a float32 softmax; every backend), "cudnn" (cuDNN's fused attention, NVIDIA GPUs only; calls
-    with a prefix cache take the einsum path), "mkl" (one MKL custom call per layer and direction, float32 on the CPU
-    backend; `models.mkl_attention`) or "auto" (cuDNN where it applies: a CUDA backend, a 16-bit compute dtype and a
-    head_dim cuDNN takes; MKL where the matmuls are on MKL; else einsum). `matmul_implementation` picks the kernel of the
-    projections and the output head: "xla" (XLA's dot on every backend), "mkl" (MKL's sgemm through a custom call,
-    float32 on the CPU backend; `models.mkl_matmul`) or "auto" (MKL where it was measured faster: a float32 model on
-    one Intel CPU device; else XLA).
+    with a prefix cache take the einsum path) or "auto" (cuDNN where it applies: a CUDA backend, a 16-bit compute
+    dtype and a head_dim cuDNN takes; else einsum). Every matmul is XLA's dot: the model compiles and loads no kernel
+    of its own (docs/decisions/031-mkl-matmul-on-intel-cpus.md says why).
     """
 
     family: str
@@ -64,7 +60,6 @@ class ModelConfig:
     dtype: Any = "float32"
     remat: bool = False
     attention_implementation: str = "auto"
-    matmul_implementation: str = "auto"
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -89,10 +84,6 @@ class ModelConfig:
             raise ValueError(
                 f"attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, "
                 f"got {self.attention_implementation!r}"
-            )
-        if self.matmul_implementation not in MATMUL_IMPLEMENTATIONS:
-            raise ValueError(
-                f"matmul_implementation must be one of {MATMUL_IMPLEMENTATIONS}, got {self.matmul_implementation!r}"
             )
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")

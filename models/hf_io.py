@@ -161,7 +161,6 @@ def load(
     param_dtype: Any = jnp.float32,
     mesh: Mesh | None = None,
     remat: bool = False,
-    matmul_implementation: str = "auto",
 ) -> Transformer:
     """Builds a `Transformer` from a HF directory (config.json + model.safetensors or a sharded index).
 
@@ -169,9 +168,7 @@ def load(
     only its own block of the tensor from disk, so no host ever holds a whole sharded matrix on one device.
     """
     model_dir = pathlib.Path(model_dir)
-    config = ModelConfig.from_hf(
-        model_dir, dtype=dtype, param_dtype=param_dtype, remat=remat, matmul_implementation=matmul_implementation
-    )
+    config = ModelConfig.from_hf(model_dir, dtype=dtype, param_dtype=param_dtype, remat=remat)
     model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     checkpoint = _SafetensorsDir(model_dir)
     for entry in param_map(config):

@@ -12,21 +12,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import mkl_attention, mkl_matmul
 from models.config import ModelConfig
 
 # HF initialises every matrix with N(0, initializer_range=0.02); random models here start from the same scale.
 _WEIGHT_INIT = nnx.initializers.normal(stddev=0.02)
 
 
-def _on_mkl(config: ModelConfig) -> bool:
-    return mkl_matmul.resolve(config.matmul_implementation, config.dtype) == "mkl"
-
-
-def _linear_options(config: ModelConfig, on_mkl: bool) -> dict:
-    """What every projection's `nnx.Linear` shares: dtypes, initialiser and the matmul kernel (`_on_mkl(config)`)."""
-    return dict(dtype=config.dtype, param_dtype=config.param_dtype, kernel_init=_WEIGHT_INIT,
-                dot_general=mkl_matmul.dot_general if on_mkl else jax.lax.dot_general)
+def _linear_options(config: ModelConfig) -> dict:
+    """What every projection's `nnx.Linear` shares: dtypes and initialiser."""
+    return dict(dtype=config.dtype, param_dtype=config.param_dtype, kernel_init=_WEIGHT_INIT)
 
 
 class RMSNorm(nnx.Module):
@@ -101,13 +95,6 @@ def uses_fused_attention(config: ModelConfig) -> bool:
     )
 
 
-def uses_mkl_attention(config: ModelConfig) -> bool:
-    """Whether attention takes `models.mkl_attention` (see `ModelConfig`); "mkl" fails where the kernel cannot run."""
-    if config.attention_implementation == "mkl":
-        return mkl_matmul.resolve("mkl", config.dtype) == "mkl"
-    return config.attention_implementation == "auto" and _on_mkl(config)
-
-
 # Attention's two products per [batch, kv-head] entry: queries against keys, then weights against values.
 _SCORES, _VALUES = "bkqd,bksd->bkqs", "bkqs,bksd->bkqd"
 
@@ -138,8 +125,7 @@ class Attention(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.on_mkl_attention = uses_mkl_attention(config)
-        dims = dict(**_linear_options(config, _on_mkl(config)), rngs=rngs)
+        dims = dict(**_linear_options(config), rngs=rngs)
         q_width = config.num_heads * config.head_dim
         kv_width = config.num_kv_heads * config.head_dim
         self.q_proj = nnx.Linear(config.hidden_size, q_width, use_bias=config.attention_bias, **dims)
@@ -171,9 +157,6 @@ class Attention(nnx.Module):
 
         if prefix is None and uses_fused_attention(config):
             out = fused_attention(q, k, v, mask, implementation="cudnn")
-        elif self.on_mkl_attention:
-            # The mask's last query reads every real key, so its row is the key mask; causality is the kernel's.
-            out = mkl_attention.attention(q, k, v, mask[:, 0, 0, -1, :], config.head_dim**-0.5)
         else:
             out = self._attend_in_causal_blocks(q, k, v, mask)
         return self.o_proj(out.reshape(batch * length, config.num_heads * config.head_dim)), own_kv
@@ -233,7 +216,7 @@ class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        dims = dict(use_bias=False, **_linear_options(config, _on_mkl(config)), rngs=rngs)
+        dims = dict(use_bias=False, **_linear_options(config), rngs=rngs)
         self.gate_proj = nnx.Linear(config.hidden_size, config.intermediate_size, **dims)
         self.up_proj = nnx.Linear(config.hidden_size, config.intermediate_size, **dims)
         self.down_proj = nnx.Linear(config.intermediate_size, config.hidden_size, **dims)
@@ -286,10 +269,9 @@ class Transformer(nnx.Module):
         self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=config.dtype,
                             param_dtype=config.param_dtype)
-        self.on_mkl = _on_mkl(config)
         if not config.tie_word_embeddings:
             self.lm_head = nnx.Linear(
-                config.hidden_size, config.vocab_size, use_bias=False, **_linear_options(config, self.on_mkl), rngs=rngs
+                config.hidden_size, config.vocab_size, use_bias=False, **_linear_options(config), rngs=rngs
             )
 
     def __call__(
@@ -342,9 +324,6 @@ class Transformer(nnx.Module):
         """`[..., vocab]` logits in the compute dtype."""
         if not self.config.tie_word_embeddings:
             return self.lm_head(hidden)
-        if self.on_mkl:
-            contract_hidden = (((hidden.ndim - 1,), (1,)), ((), ()))
-            return mkl_matmul.dot_general(hidden, self.embed_tokens.embedding[...], contract_hidden)
         return self.embed_tokens.attend(hidden)
 
     def token_logits(self, hidden: jax.Array, token_ids: jax.Array) -> jax.Array:
@@ -369,7 +348,4 @@ class Transformer(nnx.Module):
             weight, spec = self.embed_tokens.embedding[...], "vd,nd->vn"
         else:
             weight, spec = self.lm_head.kernel[...], "dv,nd->vn"
-        if self.on_mkl:
-            return mkl_matmul.matmul(weight.astype(dtype), hidden.astype(dtype), not self.config.tie_word_embeddings,
-                                     True)
         return jnp.einsum(spec, weight.astype(dtype), hidden.astype(dtype))

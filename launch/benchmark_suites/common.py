@@ -10,7 +10,6 @@ import time
 from typing import Any, Callable, Sequence
 
 from launch import host_memory
-from models import mkl_matmul
 
 
 @dataclasses.dataclass
@@ -24,11 +23,27 @@ class Report:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
+def _cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
+    """The first processor's `key: value` lines of /proc/cpuinfo (they hold for every processor); {} where the file
+    cannot be read (not Linux)."""
+    fields: dict[str, str] = {}
+    try:
+        with open(cpuinfo) as lines:
+            for line in lines:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        return {}
+    return fields
+
+
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU as the kernel names it, with its vendor, family and model numbers and whether it has AVX-512, e.g.
     "Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167, avx512f)": XLA:CPU and torch rank differently on
     different CPUs, so every CPU figure needs it beside it."""
-    fields = mkl_matmul.cpuinfo_fields(cpuinfo)
+    fields = _cpuinfo_fields(cpuinfo)
     if not fields:
         return platform.processor() or platform.machine()
     avx512 = ", avx512f" if "avx512f" in fields.get("flags", "").split() else ""

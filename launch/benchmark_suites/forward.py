@@ -1,8 +1,6 @@
 """Forward throughput of SmolLM2-135M-Instruct: Flax NNX under jit vs transformers/torch eager, same run.
 
-Batch 8 x 256 tokens, float32, logits included on both sides. Goal: Flax >= 1.2x torch tokens/s. Flax runs its
-matmuls on the kernel `--matmul_implementation=auto` picks on this host (`models.mkl_matmul`); where that is MKL, a
-second Flax engine on XLA's dot shows what the kernel changes.
+Batch 8 x 256 tokens, float32, logits included on both sides. Goal: Flax >= 1.2x torch tokens/s.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import transformers
 from flax import nnx
 
 from launch.benchmark_suites.common import Report, timed
-from models import hf_io, mkl_matmul, zoo
+from models import hf_io, zoo
 
 BATCH, LENGTH, REPEATS = 8, 256, 3
 GOAL_RATIO = 1.2
@@ -29,9 +27,9 @@ def benchmark_tokens() -> np.ndarray:
     return np.random.default_rng(0).integers(0, 49152, size=(BATCH, LENGTH), dtype=np.int32)
 
 
-def flax_forward_call(model_dir: str, tokens: np.ndarray, matmul_implementation: str = "auto") -> Callable[[], None]:
+def flax_forward_call(model_dir: str, tokens: np.ndarray) -> Callable[[], None]:
     """The Flax side of the suite: one jitted forward with logits over `tokens`, blocking until done."""
-    graphdef, params = nnx.split(hf_io.load(model_dir, matmul_implementation=matmul_implementation))
+    graphdef, params = nnx.split(hf_io.load(model_dir))
 
     @jax.jit
     def flax_forward(params, tokens):
@@ -59,13 +57,8 @@ def run() -> Report:
     model_dir = zoo.smollm2_135m_instruct()
     tokens = benchmark_tokens()
     n_tokens = BATCH * LENGTH
-    matmuls = mkl_matmul.resolve("auto", jnp.float32)
-    flax_name, flax_xla_name, torch_name = (f"flax nnx (jax.jit), {matmuls} matmuls", "flax nnx (jax.jit), xla matmuls",
-                                            "transformers (torch eager)")
-    engines = {flax_name: flax_forward_call(model_dir, tokens)}
-    if matmuls != "xla":
-        engines[flax_xla_name] = flax_forward_call(model_dir, tokens, "xla")
-    engines[torch_name] = torch_forward_call(model_dir, tokens)
+    flax_name, torch_name = "flax nnx (jax.jit)", "transformers (torch eager)"
+    engines = {flax_name: flax_forward_call(model_dir, tokens), torch_name: torch_forward_call(model_dir, tokens)}
 
     # Alternate the engines so that all see the same background load on a shared machine.
     seconds: dict[str, list[float]] = {name: [] for name in engines}
@@ -77,9 +70,6 @@ def run() -> Report:
     flax_tps, torch_tps = tokens_per_s[flax_name], tokens_per_s[torch_name]
     ratio = flax_tps / torch_tps
     rows = [[name, statistics.median(times), min(times), tokens_per_s[name]] for name, times in seconds.items()]
-    xla_figures = {}
-    if matmuls != "xla":
-        xla_figures["flax_xla_matmuls_over_torch"] = round(tokens_per_s[flax_xla_name] / torch_tps, 3)
     return Report(
         suite="forward",
         columns=["engine", "median_s", "min_s", "tokens_per_s"],
@@ -92,8 +82,6 @@ def run() -> Report:
             "flax_tokens_per_s": round(flax_tps, 1),
             "torch_tokens_per_s": round(torch_tps, 1),
             "flax_over_torch": round(ratio, 3),
-            "flax_matmul_implementation": matmuls,
-            **xla_figures,
             "goal_flax_over_torch": GOAL_RATIO,
             "goal_met": ratio >= GOAL_RATIO,
             "torch_threads": torch.get_num_threads(),

@@ -3,8 +3,7 @@
 The step: forward over 8 sequences x 256 tokens (128 prompt, 128 completion), log-softmax at the sampled tokens,
 per-token entropy (a logged metric on both sides), the clipped policy loss with the GRPO aggregation, backward,
 global-norm clipping and AdamW, all float32. Goal: Flax >= 1.2x torch tokens/s. Model-FLOPs utilisation is
-reported against the float32 matmul rate measured in the same run. Flax runs its matmuls on the kernel
-`--matmul_implementation=auto` picks on this host (`models.mkl_matmul`; the report names it).
+reported against the float32 matmul rate measured in the same run.
 
 The goal compares the same work: 8 different prompts. A second Flax engine runs the same update in micro-batches of 2
 (exact: the learner sums per-token losses over the global denominator), so each XLA call's temporary buffer is under
@@ -49,7 +48,7 @@ from jax.sharding import Mesh
 from launch import host_memory
 from launch.benchmark_suites import profile
 from launch.benchmark_suites.common import Report, timed
-from models import hf_io, mkl_matmul, zoo
+from models import hf_io, zoo
 from models.config import ModelConfig
 from models.sharding import make_mesh
 from models.transformer import Transformer, uses_fused_attention
@@ -60,7 +59,7 @@ from rl.trajectories import build
 BATCH, PROMPT, COMPLETION, REPEATS = 8, 128, 128, 3
 # Untimed updates per engine before the timed ones. The first compiles; the first two both map and fault in fresh
 # heap pages for their temporary buffers, several times slower than once glibc reuses the freed blocks
-# (scripts/learner_update_faults.py; docs/decisions/011-how-the-learner-benchmark-measures.md).
+# (docs/decisions/011-how-the-learner-benchmark-measures.md).
 WARMUP_UPDATES = 2
 GROUPS = 2
 MICRO_BATCH = 2
@@ -371,7 +370,6 @@ def cpu_comparison() -> Report:
             "flax_tokens_per_s": round(flax_tps, 1),
             "torch_tokens_per_s": round(torch_tps, 1),
             "flax_over_torch": round(ratio, 3),
-            "flax_matmul_implementation": mkl_matmul.resolve("auto", jnp.float32),
             "flax_micro_batches_over_torch": round(micro_torch_s / micro_s, 3),
             "flax_shared_prompts_over_torch": round(grouped_torch_s / grouped_s, 3),
             "goal_flax_over_torch": GOAL_RATIO,

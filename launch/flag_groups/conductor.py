@@ -8,7 +8,6 @@ from absl import flags
 
 from launch.conductor import ConductorSpec, Dtype
 from launch.flag_groups import field_values, shared
-from models.config import MATMUL_IMPLEMENTATIONS
 
 _FIELDS = {
     "name": flags.DEFINE_string(
@@ -21,11 +20,6 @@ _FIELDS = {
     "dtype": flags.DEFINE_enum("dtype", "float32", get_args(Dtype), "Learner compute dtype."),
     "param_dtype": flags.DEFINE_enum("param_dtype", "float32", get_args(Dtype), "Learner parameter dtype."),
     "remat": flags.DEFINE_boolean("remat", False, "Rematerialise each decoder layer in the backward pass."),
-    "matmul_implementation": flags.DEFINE_enum(
-        "matmul_implementation", "auto", MATMUL_IMPLEMENTATIONS,
-        "Kernel of the learner's matmuls: 'xla' (XLA's dot), 'mkl' (MKL's sgemm through a custom call; float32 on "
-        "the CPU) or 'auto' (MKL for a float32 learner on one Intel CPU device, else XLA).",
-    ),
 }
 
 

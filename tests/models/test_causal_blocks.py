@@ -1,7 +1,6 @@
 """Attention over rows of 64 tokens or more runs in causal query blocks (`models.transformer._causal_blocks`), each
 reading keys only up to its own last column: the same values and gradients as one block over every key, and as
-`transformers`, for left-padded rows and for rows continued from a prefix cache. The blocks are the XLA path's, so
-every model here asks for XLA's matmuls (on an Intel host "auto" takes the MKL attention, `models.mkl_attention`)."""
+`transformers`, for left-padded rows and for rows continued from a prefix cache."""
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ def test_blocked_attention_matches_transformers_on_long_left_padded_rows(tiny_mo
     model_dir = tiny_model_dir(family)
     tokens, positions, mask = padded_batch(LENGTHS, TOTAL, vocab_size=256)
     expected = torch_logits(model_dir, tokens, positions, mask)
-    actual = flax_logits(hf_io.load(model_dir, matmul_implementation="xla"), tokens, positions, mask)
+    actual = flax_logits(hf_io.load(model_dir), tokens, positions, mask)
     assert np.abs(actual - expected)[mask].max() < 1e-4
     assert np.isfinite(actual).all()
 
@@ -40,7 +39,7 @@ def _one_block(monkeypatch) -> None:
 
 
 def test_blocks_give_the_values_and_gradients_of_one_block(monkeypatch):
-    config = ModelConfig.from_hf(tiny_models.tiny_config("qwen2"), matmul_implementation="xla")
+    config = ModelConfig.from_hf(tiny_models.tiny_config("qwen2"))
     model = Transformer(config, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     tokens, positions, mask = (jnp.asarray(x) for x in padded_batch(LENGTHS, TOTAL, vocab_size=256))
@@ -61,7 +60,7 @@ def test_blocks_give_the_values_and_gradients_of_one_block(monkeypatch):
 
 
 def test_blocks_after_a_prefix_cache_read_the_whole_prefix(monkeypatch):
-    config = ModelConfig.from_hf(tiny_models.tiny_config("llama"), matmul_implementation="xla")
+    config = ModelConfig.from_hf(tiny_models.tiny_config("llama"))
     model = Transformer(config, rngs=nnx.Rngs(1))
     tokens, positions, mask = (jnp.asarray(x) for x in padded_batch((90, 30, 12), 80 + 70, vocab_size=256, seed=4))
     prompt, completion = slice(0, 80), slice(80, None)
