@@ -1,7 +1,6 @@
 """The report of every method's outcomes: `summarize` (accuracy per domain and on average with its standard error
 over repeats, worker tokens, calls, USD and steps per question, format validity, the workers chosen), then markdown,
-a plot and results.json (`write_report`); and the statistics of a figure over seeds (`mean_interval`, `welch_test`,
-`paired_test`, `holm_adjusted`) that launch.compare reports."""
+a plot and results.json (`write_report`)."""
 
 from __future__ import annotations
 
@@ -147,86 +146,3 @@ def write_report(results: Mapping[str, Mapping[str, Any]], out_dir: pathlib.Path
     paths["markdown"].write_text(markdown_report(results, title))
     plot_accuracy_tokens(results, paths["plot"], title)
     return {kind: str(path) for kind, path in paths.items()}
-
-
-# -- statistics over seeds ------------------------------------------------------------------------------------------
-
-
-def _sample_variance(values: Sequence[float]) -> float:
-    """Exactly 0 for values equal up to rounding: numpy's variance of [0.7, 0.7, 0.7] is 1e-32, and differences like
-    0.8 - 0.7 and 0.9 - 0.8 differ in their last bit, which would make a t statistic of 1e15."""
-    spread = np.ptp(values)
-    return 0.0 if spread <= 1e-12 * np.max(np.abs(values)) else float(np.var(values, ddof=1))
-
-
-def mean_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str, Any]:
-    """The mean of `values` (one per seed) with its two-sided Student t interval: mean ± t(confidence, n-1) · s/√n,
-    s the sample standard deviation. With one value there is no interval (its bounds are None); with none, no mean."""
-    from scipy import stats
-
-    n = len(values)
-    if n == 0:
-        return {"n": 0, "mean": None, "std": None, "half_width": None, "low": None, "high": None}
-    mean = float(np.mean(values))
-    if n == 1:
-        return {"n": 1, "mean": mean, "std": None, "half_width": None, "low": None, "high": None}
-    std = float(np.sqrt(_sample_variance(values)))
-    half_width = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * std / np.sqrt(n))
-    return {"n": n, "mean": mean, "std": std, "half_width": half_width, "low": mean - half_width,
-            "high": mean + half_width}
-
-
-def welch_test(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
-    """Welch's two-sided t-test of equal means (no equal-variance assumption): `difference` is mean(a) - mean(b),
-    `t` and `df` Welch's statistic and Welch-Satterthwaite degrees of freedom, `p` the two-sided p-value. `p` is
-    None, with `note` saying why, where the test is undefined: fewer than two values in a group, or no variance in
-    either."""
-    from scipy import stats
-
-    difference = float(np.mean(a) - np.mean(b)) if len(a) and len(b) else None
-    if len(a) < 2 or len(b) < 2:
-        return {"difference": difference, "t": None, "df": None, "p": None,
-                "note": f"needs two or more values per group, has {len(a)} and {len(b)}"}
-    var_a, var_b = _sample_variance(a) / len(a), _sample_variance(b) / len(b)
-    if var_a + var_b == 0:
-        return {"difference": difference, "t": None, "df": None, "p": None,
-                "note": "no variance in either group"}
-    t = difference / np.sqrt(var_a + var_b)
-    df = (var_a + var_b) ** 2 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
-    return {"difference": difference, "t": float(t), "df": float(df), "p": float(2 * stats.t.sf(abs(t), df)),
-            "note": None}
-
-
-def holm_adjusted(p_values: Sequence[float | None]) -> list[float | None]:
-    """Holm's step-down adjustment of a family of p-values (controls the chance of any false positive among them):
-    the i-th smallest of m becomes max over j <= i of min(1, (m - j + 1) · p_(j)). None (an undefined test) stays None
-    and does not count in m."""
-    defined = sorted((p, index) for index, p in enumerate(p_values) if p is not None)
-    adjusted: list[float | None] = [None] * len(p_values)
-    running = 0.0
-    for rank, (p, index) in enumerate(defined):
-        running = max(running, min(1.0, (len(defined) - rank) * p))
-        adjusted[index] = running
-    return adjusted
-
-
-def paired_test(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
-    """The two-sided paired t-test of a[i] - b[i] = 0 (a and b matched: the same seed's run under two settings,
-    which share the seed's world, warm start and draws until their policies part). `p` is None, with `note`, where
-    there are fewer than two pairs or the differences do not vary."""
-    from scipy import stats
-
-    if len(a) != len(b):
-        raise ValueError(f"paired samples need equal lengths, got {len(a)} and {len(b)}")
-    differences = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    mean = float(differences.mean()) if len(differences) else None
-    if len(differences) < 2:
-        return {"difference": mean, "t": None, "df": None, "p": None,
-                "note": f"needs two or more pairs, has {len(differences)}"}
-    variance = _sample_variance(differences)
-    if variance == 0:
-        note = "equal in every pair" if mean == 0 else "the same difference in every pair"
-        return {"difference": mean, "t": None, "df": None, "p": None, "note": note}
-    t = mean / np.sqrt(variance / len(differences))
-    df = len(differences) - 1
-    return {"difference": mean, "t": float(t), "df": float(df), "p": float(2 * stats.t.sf(abs(t), df)), "note": None}

@@ -1,4 +1,4 @@
-"""launch.compare: the sweep it plans and checks against launch.train's flags, the runs it starts side by side and
+"""launch.compare and its `sweeps` package: the sweep it plans and checks against launch.train's flags, the runs it starts side by side and
 picks up after a kill, and the statistics, table and plot it reports."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pytest
 from absl import flags
 
 from launch import compare
-from launch.report import holm_adjusted, mean_interval, paired_test, welch_test
+from sweeps import grid, plots, records, runner, stats
+from sweeps.stats import holm_adjusted, mean_interval, paired_test, welch_test
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -82,7 +83,7 @@ def fake_train(tmp_path, monkeypatch):
 
     def starter(train_args):
         def start(run, slot, stdout_path, stderr_path):
-            command = compare.train_command(train_args, "estimator", run)
+            command = grid.train_command(train_args, "estimator", run)
             assert command[1:3] == ["-m", "launch.train"]
             with open(stdout_path, "a") as stdout, open(stderr_path, "a") as stderr:
                 return subprocess.Popen([sys.executable, str(program), *command[3:]], stdout=stdout, stderr=stderr)
@@ -99,14 +100,14 @@ def read_events(events: pathlib.Path) -> list[dict]:
 
 
 def test_sweep_spec_parses_flag_and_values_and_rejects_malformed_ones():
-    assert compare.parse_sweep("estimator=grpo,dr_grpo, rloo") == compare.Sweep("estimator", ("grpo", "dr_grpo", "rloo"))
-    assert compare.parse_sweep("--step_penalty=0,0.05") == compare.Sweep("step_penalty", ("0", "0.05"))
-    skills = compare.parse_sweep("synthetic_skills=0.8,0.2|0.5,0.5", separator="|")
+    assert grid.parse_sweep("estimator=grpo,dr_grpo, rloo") == grid.Sweep("estimator", ("grpo", "dr_grpo", "rloo"))
+    assert grid.parse_sweep("--step_penalty=0,0.05") == grid.Sweep("step_penalty", ("0", "0.05"))
+    skills = grid.parse_sweep("synthetic_skills=0.8,0.2|0.5,0.5", separator="|")
     assert skills.values == ("0.8,0.2", "0.5,0.5")
     for bad, message in (("estimator", "expected FLAG="), ("estimator=grpo,,rloo", "non-empty"),
                          ("estimator=grpo,grpo", "repeats"), ("=grpo", "no flag"), ("tasks=a/b,a_b", "same directory")):
         with pytest.raises(ValueError, match=message):
-            compare.parse_sweep(bad)
+            grid.parse_sweep(bad)
 
 
 @pytest.fixture
@@ -123,43 +124,43 @@ def train_like_flags():
 
 
 def test_sweep_is_checked_against_the_training_flags_before_any_run(train_like_flags):
-    compare.check_sweep(compare.Sweep("estimator", ("grpo", "opo")), train_like_flags)
-    compare.check_sweep(compare.Sweep("step_penalty", ("0", "0.05", "1e-1")), train_like_flags)
-    compare.check_sweep(compare.Sweep("expected_grades", ("true", "false")), train_like_flags)
+    grid.check_sweep(grid.Sweep("estimator", ("grpo", "opo")), train_like_flags)
+    grid.check_sweep(grid.Sweep("step_penalty", ("0", "0.05", "1e-1")), train_like_flags)
+    grid.check_sweep(grid.Sweep("expected_grades", ("true", "false")), train_like_flags)
     for sweep, message in (
-        (compare.Sweep("estimatr", ("grpo",)), "no flag --estimatr .*did you mean estimator"),
-        (compare.Sweep("estimator", ("grpo", "ppo_magic")), "--estimator=ppo_magic is not a valid value"),
-        (compare.Sweep("group_size", ("8", "1")), "--group_size=1 is not a valid value"),
-        (compare.Sweep("step_penalty", ("0.1", "a lot")), "--step_penalty=a lot"),
-        (compare.Sweep("seed", ("1", "2")), "set by the comparison"),
+        (grid.Sweep("estimatr", ("grpo",)), "no flag --estimatr .*did you mean estimator"),
+        (grid.Sweep("estimator", ("grpo", "ppo_magic")), "--estimator=ppo_magic is not a valid value"),
+        (grid.Sweep("group_size", ("8", "1")), "--group_size=1 is not a valid value"),
+        (grid.Sweep("step_penalty", ("0.1", "a lot")), "--step_penalty=a lot"),
+        (grid.Sweep("seed", ("1", "2")), "set by the comparison"),
     ):
         with pytest.raises(ValueError, match=message):
-            compare.check_sweep(sweep, train_like_flags)
+            grid.check_sweep(sweep, train_like_flags)
 
 
 def test_training_arguments_are_checked_name_by_name_and_value_by_value(train_like_flags):
-    compare.check_train_args(["--estimator=rloo", "--group_size=4", "--noexpected_grades", "--expected_grades",
+    grid.check_train_args(["--estimator=rloo", "--group_size=4", "--noexpected_grades", "--expected_grades",
                               "--eval_tasks=a,b"], train_like_flags)
     for args, message in ((["--iteratoins=3"], "no flag --iteratoins"), (["--group_size=one"], "--group_size=one"),
                           (["--group_size"], "needs a value"), (["extra"], "positional"),
                           (["--nogroup_size"], "no flag --nogroup_size")):
         with pytest.raises(ValueError, match=message):
-            compare.check_train_args(args, train_like_flags)
+            grid.check_train_args(args, train_like_flags)
 
 
 def test_plan_runs_every_value_of_a_seed_before_the_next_seed(tmp_path):
-    runs = compare.plan(compare.Sweep("estimator", ("grpo", "rloo")), [0, 1], tmp_path)
+    runs = grid.plan(grid.Sweep("estimator", ("grpo", "rloo")), [0, 1], tmp_path)
     assert [(run.value, run.seed) for run in runs] == [("grpo", 0), ("rloo", 0), ("grpo", 1), ("rloo", 1)]
     assert runs[3].logdir == tmp_path / "estimator=rloo" / "seed=1"
-    assert compare.value_dirname("tasks", "mmlu_test/a b") == "tasks=mmlu_test_a_b"
-    assert compare.seeds_from_flags(None, 3) == [0, 1, 2] and compare.seeds_from_flags(["4", "7"], 3) == [4, 7]
+    assert grid.value_dirname("tasks", "mmlu_test/a b") == "tasks=mmlu_test_a_b"
+    assert grid.seeds_from_flags(None, 3) == [0, 1, 2] and grid.seeds_from_flags(["4", "7"], 3) == [4, 7]
     with pytest.raises(ValueError, match="repeats"):
-        compare.seeds_from_flags(["1", "1"], 3)
+        grid.seeds_from_flags(["1", "1"], 3)
 
 
 def test_the_run_command_ends_with_the_swept_value_seed_and_logdir(tmp_path):
-    run = compare.Run("rloo", 4, tmp_path / "estimator=rloo" / "seed=4")
-    command = compare.train_command(["--estimator=grpo", "--iterations=7"], "estimator", run)
+    run = grid.Run("rloo", 4, tmp_path / "estimator=rloo" / "seed=4")
+    command = grid.train_command(["--estimator=grpo", "--iterations=7"], "estimator", run)
     assert command[:3] == [sys.executable, "-m", "launch.train"]
     # absl keeps the last value of a repeated flag, so the run's value overrides the flagfile's.
     assert command[3:] == ["--estimator=grpo", "--iterations=7", "--estimator=rloo", "--seed=4",
@@ -167,19 +168,19 @@ def test_the_run_command_ends_with_the_swept_value_seed_and_logdir(tmp_path):
 
 
 def test_parallel_runs_share_the_cores_without_oversubscribing_them():
-    assert compare.parallelism(None, None, 16) == (8, 2)
-    assert compare.parallelism(None, 4, 16) == (4, 4)
-    assert compare.parallelism(2, None, 2) == (2, 1)
-    assert compare.parallelism(3, None, 2) == (3, 1)
-    assert compare.parallelism(None, None, 1) == (1, 2)
-    assert [compare.cores_of_slot(slot, 2, [0, 1, 2, 3]) for slot in range(2)] == [{0, 1}, {2, 3}]
-    assert [compare.cores_of_slot(slot, 1, [4, 5]) for slot in range(3)] == [{4}, {5}, {4}]
-    assert compare.cores_of_slot(0, 8, [0, 1]) == {0, 1}
-    environment = compare.thread_environment({"XLA_FLAGS": "--xla_dump_to=/tmp/x --xla_cpu_multi_thread_eigen=true",
+    assert runner.parallelism(None, None, 16) == (8, 2)
+    assert runner.parallelism(None, 4, 16) == (4, 4)
+    assert runner.parallelism(2, None, 2) == (2, 1)
+    assert runner.parallelism(3, None, 2) == (3, 1)
+    assert runner.parallelism(None, None, 1) == (1, 2)
+    assert [runner.cores_of_slot(slot, 2, [0, 1, 2, 3]) for slot in range(2)] == [{0, 1}, {2, 3}]
+    assert [runner.cores_of_slot(slot, 1, [4, 5]) for slot in range(3)] == [{4}, {5}, {4}]
+    assert runner.cores_of_slot(0, 8, [0, 1]) == {0, 1}
+    environment = runner.thread_environment({"XLA_FLAGS": "--xla_dump_to=/tmp/x --xla_cpu_multi_thread_eigen=true",
                                               "PATH": "/bin"}, 1)
     assert environment["OMP_NUM_THREADS"] == environment["MKL_NUM_THREADS"] == "1" and environment["PATH"] == "/bin"
     assert environment["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_cpu_multi_thread_eigen=false"
-    assert compare.thread_environment({}, 4)["XLA_FLAGS"] == "" and compare.thread_environment({}, 4)[
+    assert runner.thread_environment({}, 4)["XLA_FLAGS"] == "" and runner.thread_environment({}, 4)[
         "OMP_NUM_THREADS"] == "4"
 
 
@@ -266,10 +267,10 @@ def test_holm_adjustment_steps_down_and_keeps_undefined_tests_out_of_the_family(
 
 def test_runs_go_side_by_side_and_each_finished_one_gets_its_summary(tmp_path, fake_train):
     starter, events = fake_train
-    sweep = compare.Sweep("estimator", ("grpo", "rloo", "opo"))
-    runs = compare.plan(sweep, [0, 1], tmp_path / "out")
-    compare.execute(runs, "estimator", starter([]), parallel=2, log=lambda line: None, poll_s=0.02)
-    recorded = json.loads((runs[1].logdir / compare.RUN_SUMMARY).read_text())
+    sweep = grid.Sweep("estimator", ("grpo", "rloo", "opo"))
+    runs = grid.plan(sweep, [0, 1], tmp_path / "out")
+    runner.execute(runs, "estimator", starter([]), parallel=2, log=lambda line: None, poll_s=0.02)
+    recorded = json.loads((runs[1].logdir / records.RUN_SUMMARY).read_text())
     assert (recorded["value"], recorded["seed"]) == ("rloo", 0)
     assert recorded["train_summary"] == {"iterations": 6, "eval": {"average_accuracy": 0.6}}
     assert recorded["command"][-3:] == ["--estimator=rloo", "--seed=0", f"--logdir={runs[1].logdir}"]
@@ -281,35 +282,35 @@ def test_runs_go_side_by_side_and_each_finished_one_gets_its_summary(tmp_path, f
 
 def test_a_killed_comparison_picks_up_where_it_stopped(tmp_path, fake_train, monkeypatch):
     starter, events = fake_train
-    sweep = compare.Sweep("estimator", ("grpo", "rloo"))
-    runs = compare.plan(sweep, [0, 1, 2], tmp_path / "out")
+    sweep = grid.Sweep("estimator", ("grpo", "rloo"))
+    runs = grid.plan(sweep, [0, 1, 2], tmp_path / "out")
     # Seed 1 of rloo dies after iteration 5 (checkpoint at 4); grpo seed 1 runs beside it and finishes after it;
     # nothing after them starts.
     monkeypatch.setenv("DIE_AT", "rloo:1:5")
     monkeypatch.setenv("HOLD", "grpo:1")
-    with pytest.raises(compare.RunFailed, match=r"estimator=rloo/seed=1: exit status -9.*2 runs not started"):
-        compare.execute(runs, "estimator", starter([]), parallel=2, log=lambda line: None, poll_s=0.02)
-    assert [compare.is_finished(run) for run in runs] == [True, True, True, False, False, False]
+    with pytest.raises(runner.RunFailed, match=r"estimator=rloo/seed=1: exit status -9.*2 runs not started"):
+        runner.execute(runs, "estimator", starter([]), parallel=2, log=lambda line: None, poll_s=0.02)
+    assert [records.is_finished(run) for run in runs] == [True, True, True, False, False, False]
     # A reader that knows neither values nor seeds finds the finished runs, and only those of this flag.
-    assert compare.finished_runs(tmp_path / "out", "estimator") == sorted(runs[:3], key=lambda run: str(run.logdir))
-    assert compare.finished_runs(tmp_path / "out", "step_penalty") == []
+    assert records.finished_runs(tmp_path / "out", "estimator") == sorted(runs[:3], key=lambda run: str(run.logdir))
+    assert records.finished_runs(tmp_path / "out", "step_penalty") == []
     # A run killed before its first checkpoint, with metrics logged: the next attempt must not append to them.
     (runs[4].logdir).mkdir(parents=True)
     (runs[4].logdir / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.1}\n')
     monkeypatch.delenv("DIE_AT")
     monkeypatch.delenv("HOLD")
     log: list[str] = []
-    compare.execute(runs, "estimator", starter([]), parallel=2, log=log.append, poll_s=0.02)
-    assert all(compare.is_finished(run) for run in runs)
+    runner.execute(runs, "estimator", starter([]), parallel=2, log=log.append, poll_s=0.02)
+    assert all(records.is_finished(run) for run in runs)
     starts = [e["run"] for e in read_events(events) if e["event"] == "start"]
     assert sorted(starts) == sorted(["grpo:0", "rloo:0", "grpo:1", "rloo:1", "rloo:1", "grpo:2", "rloo:2"])
     assert f"{runs[3].logdir}: resumes from its checkpoint" in log
     assert f"{runs[4].logdir}: starts over (killed before its first checkpoint)" in log
     assert f"{runs[0].logdir}: finished earlier, kept" in log
-    resumed = compare.read_curve(runs[3].logdir, "reward/mean")
+    resumed = stats.read_curve(runs[3].logdir, "reward/mean")
     np.testing.assert_allclose(resumed, [0.6 + 0.01 + 0.02 * step for step in range(1, 7)])
     # And a third call has nothing to do.
-    compare.execute(runs, "estimator", starter([]), parallel=2, log=lambda line: None, poll_s=0.02)
+    runner.execute(runs, "estimator", starter([]), parallel=2, log=lambda line: None, poll_s=0.02)
     assert len([e for e in read_events(events) if e["event"] == "start"]) == 7
 
 
@@ -319,14 +320,14 @@ def test_a_terminated_comparison_stops_its_runs(tmp_path, fake_train):
     script = tmp_path / "comparison.py"
     script.write_text(textwrap.dedent(f"""
         import pathlib, subprocess, sys
-        from launch import compare
+        from sweeps import grid, runner
         def start(run, slot, stdout_path, stderr_path):
-            command = compare.train_command(["--iterations=2000"], "estimator", run)
+            command = grid.train_command(["--iterations=2000"], "estimator", run)
             with open(stdout_path, "a") as stdout:
                 return subprocess.Popen([sys.executable, {str(program)!r}, *command[3:]], stdout=stdout)
-        compare.stop_runs_on_sigterm()
-        runs = compare.plan(compare.Sweep("estimator", ("grpo", "rloo")), [0], pathlib.Path({str(tmp_path)!r}))
-        compare.execute(runs, "estimator", start, parallel=2, poll_s=0.02)
+        runner.stop_runs_on_sigterm()
+        runs = grid.plan(grid.Sweep("estimator", ("grpo", "rloo")), [0], pathlib.Path({str(tmp_path)!r}))
+        runner.execute(runs, "estimator", start, parallel=2, poll_s=0.02)
     """))
     comparison = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=os.environ)
     deadline = time.time() + 120
@@ -340,43 +341,43 @@ def test_a_terminated_comparison_stops_its_runs(tmp_path, fake_train):
 
 
 def test_a_run_that_exits_zero_without_a_summary_is_not_finished(tmp_path):
-    run = compare.Run("grpo", 0, tmp_path / "estimator=grpo" / "seed=0")
+    run = grid.Run("grpo", 0, tmp_path / "estimator=grpo" / "seed=0")
 
     def start(run, slot, stdout_path, stderr_path):
         with open(stdout_path, "a") as stdout:
             return subprocess.Popen([sys.executable, "-c", "print('no summary')"], stdout=stdout)
 
-    with pytest.raises(compare.RunFailed, match="exited 0 without a summary"):
-        compare.execute([run], "estimator", start, parallel=1, log=lambda line: None, poll_s=0.02)
-    assert not compare.is_finished(run)
+    with pytest.raises(runner.RunFailed, match="exited 0 without a summary"):
+        runner.execute([run], "estimator", start, parallel=1, log=lambda line: None, poll_s=0.02)
+    assert not records.is_finished(run)
 
 
 def test_a_comparison_refuses_other_training_flags_and_a_second_comparison_in_the_same_out(tmp_path):
-    compare.check_same_training(tmp_path, ["--iterations=5"])
-    compare.check_same_training(tmp_path, ["--iterations=5"])
+    records.check_same_training(tmp_path, ["--iterations=5"])
+    records.check_same_training(tmp_path, ["--iterations=5"])
     with pytest.raises(ValueError, match=r"added \['--iterations=6'\], dropped \['--iterations=5'\]"):
-        compare.check_same_training(tmp_path, ["--iterations=6"])
-    fd = compare.hold_lock(tmp_path)
+        records.check_same_training(tmp_path, ["--iterations=6"])
+    fd = runner.hold_lock(tmp_path)
     try:
-        held = subprocess.run([sys.executable, "-c", f"from launch import compare; import pathlib; "
-                               f"compare.hold_lock(pathlib.Path({str(tmp_path)!r}))"],
+        held = subprocess.run([sys.executable, "-c", f"from sweeps import runner; import pathlib; "
+                               f"runner.hold_lock(pathlib.Path({str(tmp_path)!r}))"],
                               cwd=REPO, capture_output=True, text=True, timeout=60)
         assert held.returncode != 0 and "in use by another comparison" in held.stderr
     finally:
         os.close(fd)
 
 
-def finished_sweep(out: pathlib.Path, fake_train, seeds=(0, 1, 2)) -> tuple[compare.Sweep, list[compare.Run]]:
+def finished_sweep(out: pathlib.Path, fake_train, seeds=(0, 1, 2)) -> tuple[grid.Sweep, list[grid.Run]]:
     starter, _ = fake_train
-    sweep = compare.Sweep("estimator", ("grpo", "rloo", "opo"))
-    runs = compare.plan(sweep, list(seeds), out)
-    compare.execute(runs, "estimator", starter([]), parallel=2, log=lambda line: None, poll_s=0.02)
+    sweep = grid.Sweep("estimator", ("grpo", "rloo", "opo"))
+    runs = grid.plan(sweep, list(seeds), out)
+    runner.execute(runs, "estimator", starter([]), parallel=2, log=lambda line: None, poll_s=0.02)
     return sweep, runs
 
 
 def test_summary_gives_each_value_its_seeds_mean_interval_and_every_pair_a_test(tmp_path, fake_train):
     sweep, runs = finished_sweep(tmp_path, fake_train)
-    summary = compare.summarize(sweep, runs, "eval.average_accuracy", "reward/mean", alpha=0.05)
+    summary = stats.summarize(sweep, runs, "eval.average_accuracy", "reward/mean", alpha=0.05)
     grpo = summary["values"]["grpo"]
     # The fake's score is base + 0.05 * seed; its reward base + 0.01 * seed + 0.02 * step over 6 steps, whose last
     # fifth is step 6.
@@ -399,7 +400,7 @@ def test_summary_gives_each_value_its_seeds_mean_interval_and_every_pair_a_test(
 
 def test_report_writes_the_table_the_png_and_names_missing_and_single_seed_values(tmp_path, fake_train):
     sweep, runs = finished_sweep(tmp_path, fake_train, seeds=(0,))
-    runs = runs + compare.plan(sweep, [1], tmp_path)  # seed 1 never ran
+    runs = runs + grid.plan(sweep, [1], tmp_path)  # seed 1 never ran
     summary = compare.report(sweep, runs, tmp_path, "eval.average_accuracy", "reward/mean", window=2, alpha=0.05)
     assert summary["values"]["rloo"]["unfinished_seeds"] == [1]
     assert json.loads((tmp_path / "summary.json").read_text())["values"]["opo"]["score"]["mean"] == pytest.approx(0.9)
@@ -413,29 +414,29 @@ def test_report_writes_the_table_the_png_and_names_missing_and_single_seed_value
 
 def test_curve_band_is_the_per_iteration_interval_of_the_smoothed_seed_curves():
     curves = [np.array([0.0, 1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0, 4.0, 9.0]), np.array([2.0, 3.0, 4.0, 5.0])]
-    mean, half_width = compare.curve_band(curves, window=2)
-    smoothed = np.array([compare.moving_average(curve[:4], 2) for curve in curves])
+    mean, half_width = plots.curve_band(curves, window=2)
+    smoothed = np.array([plots.moving_average(curve[:4], 2) for curve in curves])
     np.testing.assert_allclose(mean, smoothed.mean(axis=0))
     np.testing.assert_allclose(half_width, [mean_interval(column)["half_width"] for column in smoothed.T])
-    mean, half_width = compare.curve_band(curves[:1], window=1)
+    mean, half_width = plots.curve_band(curves[:1], window=1)
     assert half_width is None and list(mean) == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_score_key_reads_nested_summaries_and_rejects_a_group():
     summary = {"eval": {"average_accuracy": 0.75, "domains": {"math": {}}}, "greedy_valid_format": 1.0}
-    assert compare.summary_value(summary, "eval.average_accuracy") == 0.75
-    assert compare.summary_value(summary, "greedy_valid_format") == 1.0
-    assert compare.summary_value(summary, "eval.missing") is None
+    assert stats.summary_value(summary, "eval.average_accuracy") == 0.75
+    assert stats.summary_value(summary, "greedy_valid_format") == 1.0
+    assert stats.summary_value(summary, "eval.missing") is None
     with pytest.raises(ValueError, match="names a group"):
-        compare.summary_value(summary, "eval.domains")
+        stats.summary_value(summary, "eval.domains")
 
 
 def test_moving_average_matches_a_trailing_window_mean():
     values = np.array([1.0, 3.0, 2.0, 6.0, 4.0])
     expected = [np.mean(values[max(0, i - 2):i + 1]) for i in range(len(values))]
-    np.testing.assert_allclose(compare.moving_average(values, 3), expected)
+    np.testing.assert_allclose(plots.moving_average(values, 3), expected)
     with pytest.raises(ValueError, match="window"):
-        compare.moving_average(values, 0)
+        plots.moving_average(values, 0)
 
 
 # -- the entry point ---------------------------------------------------------------------------------------------------
@@ -475,11 +476,11 @@ def test_report_only_summarizes_finished_runs_from_the_command_line(tmp_path, fa
 
 def test_the_issues_sweeps_are_valid_for_launch_train_and_a_typo_is_not():
     train_flags = compare.train_flag_values()
-    compare.check_sweep(compare.parse_sweep("estimator=grpo,dr_grpo,rloo,reinforce_pp,opo"), train_flags)
-    compare.check_sweep(compare.parse_sweep("step_penalty=0,0.05,0.1"), train_flags)
-    compare.check_train_args(["--world=synthetic", "--iterations=2", "--noexpected_grades"], train_flags)
+    grid.check_sweep(grid.parse_sweep("estimator=grpo,dr_grpo,rloo,reinforce_pp,opo"), train_flags)
+    grid.check_sweep(grid.parse_sweep("step_penalty=0,0.05,0.1"), train_flags)
+    grid.check_train_args(["--world=synthetic", "--iterations=2", "--noexpected_grades"], train_flags)
     with pytest.raises(ValueError, match="--estimator=ppo is not a valid value"):
-        compare.check_sweep(compare.parse_sweep("estimator=grpo,ppo"), train_flags)
+        grid.check_sweep(grid.parse_sweep("estimator=grpo,ppo"), train_flags)
 
 
 def test_a_bad_sweep_is_a_usage_error_before_any_run(tmp_path):
