@@ -3,6 +3,7 @@
 import asyncio
 import concurrent.futures
 import json
+import os
 import re
 import socket
 import subprocess
@@ -395,9 +396,10 @@ def test_the_serve_command_answers_with_a_tiny_conductor(tmp_path):
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "launch.serve", "--world=synthetic", "--synthetic_tasks=10", f"--port={port}",
                "--max_tokens=8", f"--workdir={tmp_path}", "--served_model_name=tiny-conductor"]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    environ = {**os.environ, "CONDUCTOR_API_KEY": "sk-served"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ)
     try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-served", max_retries=0, timeout=60)
         deadline = time.monotonic() + 300
         while True:
             assert process.poll() is None, process.stdout.read()[-3000:]
@@ -408,6 +410,7 @@ def test_the_serve_command_answers_with_a_tiny_conductor(tmp_path):
                 assert time.monotonic() < deadline, "the server did not start"
                 time.sleep(1)
         assert [model.id for model in models.data] == ["tiny-conductor"]
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401  # the key came from the variable
         with pytest.raises(openai.UnprocessableEntityError, match="no valid workflow in 3 attempt"):
             client.chat.completions.create(model="tiny-conductor", messages=[{"role": "user", "content": "2+2?"}])
         client.close()
