@@ -5,6 +5,12 @@ Baselines are fixed workflows in the Conductor's own format (`env.policies`), re
 and rewarded. The scoring env differs only in admitting the baseline's step count and fine-grained access
 (Mixture-of-Agents exceeds the Conductor's five steps and reads only the previous layer). A pool worker prompted as
 an untrained Conductor (`prompted_conductor_outcomes`) writes its own workflow.
+
+Where a world knows every workflow's exact outcome (the orchestration world) or every call's recorded one (replay),
+a contextual UCB1 bandit given a training run's feedback budget (`launch.bandit`) answers the question a skeptic
+asks: does the Conductor learn more than a table of counts per observed context? The orchestration world adds its
+exact reference policies (the best fixed workflow per pool, the best per (domain, pool), the per-question optimum)
+and every method's exact expected reward there (`orchestration_figures`).
 """
 
 from __future__ import annotations
@@ -14,18 +20,22 @@ import dataclasses
 import random
 from typing import Any, Callable, Sequence
 
-from env import policies
+import numpy as np
+
+from env import orchestration, policies
 from env.executor import step_seed
 from env.gym_env import ConductorEnv
 from env.tasks.base import Task
 from env.workers.base import WorkerError, WorkerReply
 from env.workers.cache import cache_key
 from env.workflow import Workflow, render_workflow
+from launch import bandit
 from launch.outcomes import Outcome, sample_id, scored_outcome
 from launch.report import summarize
 
 BASELINES = (
-    "single", "domain_best", "random", "oracle", "moa", "self_reflection", "consensus", "prompted_conductor"
+    "single", "domain_best", "random", "oracle", "moa", "self_reflection", "consensus", "prompted_conductor",
+    "bandit", "best_fixed", "domain_optimum", "optimum",
 )
 
 WorkflowChoice = Callable[[Task, int], Workflow]  # (task, repeat) -> the workflow to run
@@ -62,6 +72,45 @@ def oracle_choice(env: ConductorEnv) -> WorkflowChoice | None:
         models = [getattr(worker, "model", worker.name) for worker in world.pool]
         return lambda task, repeat: policies.oracle_routing(task, models)
     return None
+
+
+def bandit_choice(env: ConductorEnv, budget: int, seed: int) -> WorkflowChoice | None:
+    """The contextual UCB1 bandit's workflows after `budget` pulls (`launch.bandit`): on the orchestration world's
+    training split, or on a replay world's own questions; None on other worlds."""
+    world = env.world
+    if world.orchestration is not None:
+        reference = world.orchestration
+        training = orchestration.load_tasks(dataclasses.replace(reference.config, split="train"))
+        problem = bandit.orchestration_problem(reference, training)
+        statistics = bandit.ucb1(problem, budget, seed)
+        return lambda task, repeat: reference.candidates[
+            bandit.choose(problem, statistics, orchestration.context(task))
+        ]
+    if world.tasks and all("scores" in task.metadata for task in world.tasks):
+        models = [getattr(worker, "model", worker.name) for worker in world.pool]
+        problem = bandit.replay_problem(world.tasks, models, env.config.reward)
+        statistics = bandit.ucb1(problem, budget, seed)
+        return lambda task, repeat: policies.single(bandit.choose(problem, statistics, task.domain))
+    return None
+
+
+def orchestration_figures(
+    reference: orchestration.OrchestrationReference, tasks: Sequence[Task], outcomes: Sequence[Outcome]
+) -> dict[str, Any]:
+    """A method's exact figures on the orchestration world: `reward`, the mean exact expected reward of its workflows
+    (a format error earns the format-error reward), beside the reference policies' on the same questions, the
+    fraction of the gap from the best fixed workflow per pool to the per-question optimum it closes, its share of
+    workflows per access pattern (`shapes`) and whether the questions' pools were all held out of training."""
+    by_id = {task.id: task for task in tasks}
+    rewards = [reference.expected_reward(by_id[outcome.task_id], outcome.workflow) for outcome in outcomes]
+    figures = reference.figures(tasks)
+    reward = float(np.mean(rewards))
+    return {
+        "reward": reward,
+        **figures,
+        "gap_closed": orchestration.gap_closed(reward, figures["best_fixed_reward"], figures["optimum_reward"]),
+        "shapes": orchestration.shape_shares([outcome.workflow for outcome in outcomes]),
+    }
 
 
 def random_choice(pool_size: int, seed: int) -> WorkflowChoice:
@@ -155,6 +204,7 @@ class BaselineConfig:
     worker: int | None = None
     prompted_conductors: tuple[int, ...] = (0,)
     prompted_max_tokens: int = 1024
+    bandit_budget: int = 1920
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -165,6 +215,8 @@ class BaselineConfig:
             raise ValueError("need moa_layers >= 1, consensus_samples >= 1 and reflection_revisions >= 0")
         if self.prompted_max_tokens < 1:
             raise ValueError(f"prompted_max_tokens must be >= 1, got {self.prompted_max_tokens}")
+        if self.bandit_budget < 1:
+            raise ValueError(f"bandit_budget must be >= 1, got {self.bandit_budget}")
 
 
 def run_baselines(env: ConductorEnv, config: BaselineConfig, repeats: int) -> dict[str, dict[str, Any]]:
@@ -177,9 +229,13 @@ def run_baselines(env: ConductorEnv, config: BaselineConfig, repeats: int) -> di
         if index is not None and not 0 <= index < len(pool):
             raise ValueError(f"worker {index} is outside the pool of {len(pool)}")
     results: dict[str, dict[str, Any]] = {}
+    reference = env.world.orchestration
 
     def run(method: str, choose: WorkflowChoice) -> None:
-        results[method] = summarize(workflow_outcomes(env, choose, repeats), names)
+        outcomes = workflow_outcomes(env, choose, repeats)
+        results[method] = summarize(outcomes, names)
+        if reference is not None:
+            results[method]["orchestration"] = orchestration_figures(reference, env.world.tasks, outcomes)
 
     needs_best = config.worker is None and {"moa", "self_reflection", "consensus"} & set(config.baselines)
     singles = {}
@@ -212,6 +268,16 @@ def run_baselines(env: ConductorEnv, config: BaselineConfig, repeats: int) -> di
     if "consensus" in config.baselines:
         vote = policies.consensus(worker, config.consensus_samples)
         run(f"consensus ({config.consensus_samples} samples, worker {worker})", lambda task, repeat: vote)
+    if reference is not None:
+        for method, name, policy in (
+            ("best_fixed", "best fixed workflow per pool", reference.fixed),
+            ("domain_optimum", "best workflow per (domain, pool)", reference.per_domain),
+            ("optimum", "per-question optimum", reference.per_question),
+        ):
+            if method in config.baselines:
+                run(name, lambda task, repeat, policy=policy: policy(task).workflow)
+    if "bandit" in config.baselines and (ucb := bandit_choice(env, config.bandit_budget, config.seed)) is not None:
+        run(f"contextual UCB1 ({config.bandit_budget} pulls)", ucb)
     if "prompted_conductor" in config.baselines:
         for w in config.prompted_conductors:
             outcomes = prompted_conductor_outcomes(env, w, repeats, config.prompted_max_tokens)

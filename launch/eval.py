@@ -21,11 +21,12 @@ retain_freed_memory(restart=__name__ == "__main__")
 import dataclasses
 import logging
 import pathlib
+from typing import Any
 
 from absl import app, flags
 
 from launch import console
-from launch.baselines import BASELINES, run_baselines
+from launch.baselines import BASELINES, orchestration_figures, run_baselines
 from launch.conductor import load_conductor
 from launch.conductor_env import build_env
 from launch.flag_groups import baselines as baseline_flags
@@ -50,6 +51,23 @@ _CONDUCTOR_TEMPERATURE = flags.DEFINE_float(
     "evaluated, and what launch.serve tries first.",
 )
 
+
+def orchestration_table(figures: dict[str, dict[str, Any]]) -> str:
+    """Markdown of each method's exact figures on the orchestration world (`baselines.orchestration_figures`)."""
+    first = next(iter(figures.values()))
+    lines = [
+        "", f"Exact expected reward of each method's workflows on these questions (orchestration world; pools held out "
+        f"of training: {first['heldout_pools']}): best fixed workflow per pool {first['best_fixed_reward']:.4f}, best "
+        f"per (domain, pool) {first['per_domain_reward']:.4f}, per-question optimum {first['optimum_reward']:.4f}. Gap "
+        "closed: the fraction of the gap from the first to the last; shapes: share of workflows per access pattern.",
+        "", "| method | expected reward | gap closed | shapes |", "|---|---|---|---|",
+    ]
+    for method, row in figures.items():
+        shapes = ", ".join(f"{name} {100 * share:.1f}" for name, share in row["shapes"].items())
+        lines.append(f"| {method} | {row['reward']:.4f} | {row['gap_closed']:.3f} | {shapes} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> None:
     del argv
     console.configure()
@@ -72,6 +90,10 @@ def main(argv: list[str]) -> None:
         finally:
             generator.close()
         results[f"Conductor ({flags.FLAGS.conductor})"] = summarize(outcomes, names)
+        if env.world.orchestration is not None:
+            results[f"Conductor ({flags.FLAGS.conductor})"]["orchestration"] = orchestration_figures(
+                env.world.orchestration, env.world.tasks, outcomes
+            )
     config = baseline_flags.from_flags([method for method in _METHODS.value if method in BASELINES])
     if config.baselines:
         results.update(run_baselines(env, config, _REPEATS.value))
@@ -81,6 +103,10 @@ def main(argv: list[str]) -> None:
         env.cache.close()
     title = f"{env.world.name} world: {len(env.world.tasks)} questions, {_REPEATS.value} repeat(s)"
     paths = write_report(results, out_dir, title)
+    exact = {method: report["orchestration"] for method, report in results.items() if "orchestration" in report}
+    if exact:
+        with open(out_dir / "results.md", "a") as markdown:
+            markdown.write(orchestration_table(exact))
     print((out_dir / "results.md").read_text())
     print(paths)
 

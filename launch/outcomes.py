@@ -10,6 +10,7 @@ import numpy as np
 
 from env.gym_env import Scored
 from env.tasks.base import Task
+from env.workflow import Workflow
 from launch.loop_environment import TokenizedConductorEnv, rollout_metrics
 from rl.loop import Rollout
 from rollout.types import SamplingParams
@@ -25,20 +26,21 @@ EVAL_ROUND_SAMPLE_ID_STRIDE = 10**9
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """One scored answer: its rollout metrics (`launch.loop_environment.rollout_metrics`) and the workers its steps
-    used."""
+    """One scored answer: its rollout metrics (`launch.loop_environment.rollout_metrics`), the workers its steps
+    used and its (last round's) workflow, None after a format error."""
 
     task_id: str
     domain: str
     repeat: int
     metrics: Mapping[str, float]
     workers: tuple[int, ...]
+    workflow: Workflow | None = None
 
 
 def scored_outcome(task: Task, repeat: int, scored: Scored, **extra: float) -> Outcome:
     metrics = {**rollout_metrics(scored), **extra}
     workers = tuple(step.worker for step in scored.workflow.steps) if scored.workflow else ()
-    return Outcome(task.id, task.domain, repeat, metrics, workers)
+    return Outcome(task.id, task.domain, repeat, metrics, workers, scored.workflow)
 
 
 def sample_id(question: int, repeat: int, num_questions: int) -> int:
@@ -81,7 +83,7 @@ def _episode_outcome(task: Task, repeat: int, rounds: Sequence[_Round]) -> Outco
     metrics = {**per_round[-1], "reward": float(rounds[-1].rollout.reward), "rounds": float(len(rounds))}
     metrics |= {name: float(sum(m.get(name, 0.0) for m in per_round)) for name in EPISODE_TOTALS}
     workers = tuple(worker for r in rounds for worker in r.rollout.workers)
-    return Outcome(task.id, task.domain, repeat, metrics, workers)
+    return Outcome(task.id, task.domain, repeat, metrics, workers, rounds[-1].rollout.context.workflow)
 
 
 def _episodes(

@@ -30,6 +30,7 @@ from typing import Any
 from absl import app, flags
 
 from launch import console, distributed
+from launch.baselines import orchestration_figures
 from launch.conductor import load_conductor, save_trained_sampling
 from launch.conductor_env import build_env
 from launch.flag_groups import conductor as conductor_flags
@@ -87,7 +88,10 @@ def greedy_eval(generator: Generator, tokenizer: Any, sampling: SamplingParams) 
     eval_env = build_env(environment_flags.from_flags(_EVAL_TASKS.value))
     outcomes = conductor_outcomes(generator, TokenizedConductorEnv(eval_env, tokenizer),
                                   dataclasses.replace(sampling, temperature=0.0), repeats=1)
-    return summarize(outcomes, [worker.name for worker in eval_env.world.pool])
+    summary = summarize(outcomes, [worker.name for worker in eval_env.world.pool])
+    if eval_env.world.orchestration is not None:
+        summary.update(orchestration_figures(eval_env.world.orchestration, eval_env.world.tasks, outcomes))
+    return summary
 
 
 def main(argv: list[str]) -> None:

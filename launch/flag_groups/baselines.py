@@ -17,6 +17,11 @@ _FIELDS = {
     "consensus_samples": flags.DEFINE_integer(
         "consensus_samples", 3, "Independent samples of the consensus baseline."
     ),
+    "bandit_budget": flags.DEFINE_integer(
+        "bandit_budget", 1920,
+        "Pulls of the contextual UCB1 baseline (launch.bandit): a training run's feedback budget, iterations x "
+        "questions_per_step x group_size.",
+    ),
     "worker": flags.DEFINE_integer(
         "baseline_worker", None,
         "Worker of self-reflection and consensus and aggregator of MoA (default: the best single worker of this "

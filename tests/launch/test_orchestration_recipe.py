@@ -1,0 +1,40 @@
+"""launch/configs/orchestration.cfg builds the orchestration world its header describes, with the reward
+tests/env/test_orchestration.py checks, and the exact validation figures the header quotes."""
+
+import pathlib
+import re
+
+import pytest
+from absl import flags
+from absl.testing import flagsaver
+
+from env.orchestration import OrchestrationWorldConfig
+from env.worlds import build_world
+from launch import train  # noqa: F401  (defines the flagfile's flags)
+from launch.flag_groups import environment as environment_flags
+from tests.env.test_orchestration import RECIPE_REWARD
+
+CONFIG = pathlib.Path(__file__).resolve().parents[2] / "launch" / "configs" / "orchestration.cfg"
+
+
+def test_the_recipe_builds_the_orchestration_world_and_quotes_its_exact_validation_figures():
+    header = " ".join(line[1:].strip() for line in CONFIG.read_text().splitlines() if line.startswith("#"))
+    with flagsaver.flagsaver():
+        flags.FLAGS(["train", f"--flagfile={CONFIG}"])
+        spec = environment_flags.from_flags(flags.FLAGS["eval_tasks"].value)
+        train_spec = environment_flags.from_flags()
+        assert flags.FLAGS["iterations"].value * flags.FLAGS["questions_per_step"].value * flags.FLAGS[
+            "group_size"].value == 1920  # the bandit's budget the header names  # fmt: skip
+    assert isinstance(spec.world, OrchestrationWorldConfig)
+    assert (spec.world.split, train_spec.world.split) == ("validation", "train")
+    assert spec.config.reward == RECIPE_REWARD
+    assert spec.config.max_steps == 3 and spec.config.expected_grades
+    world = build_world(spec.world, spec.config.reward, spec.config.max_steps)
+    figures = world.orchestration.figures(world.tasks)
+    quoted = re.search(r"per pool ([\d.]+), the best per \(domain, pool\) ([\d.]+), the per-question optimum ([\d.]+)",
+                       header)  # fmt: skip
+    assert quoted is not None
+    assert [float(value) for value in quoted.groups()] == pytest.approx(
+        [figures["best_fixed_reward"], figures["per_domain_reward"], figures["optimum_reward"]], abs=5e-5
+    )
+    assert figures["heldout_pools"]
