@@ -29,7 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from launch import compare  # noqa: E402
+from sweeps import records  # noqa: E402
 
 FLAG = "usd_penalty"
 SINGLE, RANDOM, ORACLE = "single ", "random routing", "oracle routing"
@@ -39,15 +39,15 @@ def trained_points(out: pathlib.Path, collapsed: list[str]) -> dict[float, dict[
     """Per penalty, each finished seed's greedy (accuracy, USD per question); runs whose greedy Conductor writes no
     valid workflow are named in `collapsed` instead."""
     points: dict[float, dict[str, tuple[float, float]]] = {}
-    for run in compare.finished_runs(out, FLAG):
-        average = compare.run_record(run)["train_summary"]["eval"]["average"]
+    for run in records.finished_runs(out, FLAG):
+        average = records.run_record(run)["train_summary"]["eval"]["average"]
         penalty, seed = float(run.value), f"seed={run.seed}"
         if average["valid_format"] == 0:  # no workflow parsed: no routing, no cost to place it at
             collapsed.append(f"{FLAG}={penalty:g} {seed}")
             continue
         points.setdefault(penalty, {})[seed] = (average["correct"], average["cost_usd"])
     if not points:
-        raise SystemExit(f"no finished run ({FLAG}=<value>/seed=<s>/{compare.RUN_SUMMARY}) under {out}")
+        raise SystemExit(f"no finished run ({FLAG}=<value>/seed=<s>/{records.RUN_SUMMARY}) under {out}")
     return dict(sorted(points.items()))
 
 def accuracy_at_cost(points: list[tuple[float, float]], cost: float) -> float | None:

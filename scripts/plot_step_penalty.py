@@ -27,10 +27,11 @@ from absl import flags  # noqa: E402
 
 from env.optimum import best_fixed_workflow  # noqa: E402
 from env.worlds import build_world, synthetic_skills_and_weights  # noqa: E402
-from launch import compare  # noqa: E402
 import launch.train  # noqa: E402,F401  (defines the flags a run's command sets)
 from launch.flag_groups import environment as environment_flags  # noqa: E402
 from rl.metrics import first_and_last_fifth, read_metrics  # noqa: E402
+from sweeps import records  # noqa: E402
+from sweeps.grid import Run  # noqa: E402
 
 FLAG = "step_penalty"
 SAMPLED = {"steps": "rollout/steps", "reward": "reward/mean", "accuracy": "rollout/correct"}
@@ -49,10 +50,10 @@ def exact_optimum(command: list[str]) -> dict[str, float]:
     return {"optimum_steps": float(len(best.workflow.steps)), "optimum_reward": best.expected_reward}
 
 
-def seed_figures(run: compare.Run) -> dict[str, float]:
-    records = read_metrics(run.logdir)
-    figures = {name: first_and_last_fifth([r[key] for r in records])[1] for name, key in SAMPLED.items()}
-    finished = compare.run_record(run)
+def seed_figures(run: Run) -> dict[str, float]:
+    metrics = read_metrics(run.logdir)
+    figures = {name: first_and_last_fifth([r[key] for r in metrics])[1] for name, key in SAMPLED.items()}
+    finished = records.run_record(run)
     figures |= exact_optimum(finished["command"])
     evaluation = finished["train_summary"].get("eval")
     if evaluation:
@@ -64,10 +65,10 @@ def seed_figures(run: compare.Run) -> dict[str, float]:
 
 def table(out: pathlib.Path) -> dict[float, list[dict[str, float]]]:
     values: dict[float, list[dict[str, float]]] = {}
-    for run in compare.finished_runs(out, FLAG):
+    for run in records.finished_runs(out, FLAG):
         values.setdefault(float(run.value), []).append(seed_figures(run))
     if not values:
-        raise SystemExit(f"no finished run ({FLAG}=<value>/seed=<s>/{compare.RUN_SUMMARY}) under {out}")
+        raise SystemExit(f"no finished run ({FLAG}=<value>/seed=<s>/{records.RUN_SUMMARY}) under {out}")
     return dict(sorted(values.items()))
 
 
