@@ -564,7 +564,7 @@ def _remove_tree(path: Path) -> None:
 
 
 def _resident_bytes_under(root: int) -> int:
-    """Resident memory of every live descendant of `root` together (a sandbox's processes; pages shared between
+    """Resident memory of `root` and every live descendant together (a sandbox's processes; pages shared between
     them count once per process, so this errs high)."""
     children: dict[int, list[int]] = {}
     resident: dict[int, int] = {}
@@ -578,7 +578,7 @@ def _resident_bytes_under(root: int) -> int:
             continue
         children.setdefault(int(fields[1]), []).append(int(name))
         resident[int(name)] = int(fields[21]) if fields[0] != b"Z" else 0
-    total, pending = 0, list(children.get(root, []))
+    total, pending = resident.get(root, 0), list(children.get(root, []))
     while pending:
         pid = pending.pop()
         total += resident.get(pid, 0)

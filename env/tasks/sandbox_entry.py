@@ -90,6 +90,7 @@ def _build_view(view, workdir):
             os.close(os.open(target, os.O_WRONLY | os.O_CREAT, 0o644))
         mount(f"/proc/self/fd/{fd}", target, None, _MS_BIND)
 
+    os.umask(0o022)  # the directories on the way to each bound path must let the sandbox's user through
     sources = {path: os.open(path, os.O_PATH) for path in view["binds"]}
     devices = {name: os.open(f"/dev/{name}", os.O_PATH) for name in _DEVICES if os.path.exists(f"/dev/{name}")}
     mount(None, "/", None, _MS_REC | _MS_PRIVATE)
