@@ -2,6 +2,7 @@
 
     python -m launch.data list                 # every data set: source, size, pinning, where it is found
     python -m launch.data fetch routerdc       # the replay world's files (also fetched on first use)
+    python -m launch.data fetch zeroeval       # the zeroeval world's 51 files (ZeroEval's records and summaries)
     python -m launch.data fetch math500 mmlu   # paper-world files; `fetch all` for every data set
     python -m launch.data where routerdc       # the directory the launchers would read, and each file's check
 
@@ -30,6 +31,7 @@ from env.tasks.data_files import (
     verify,
 )
 from env.tasks.routerdc import ROUTERDC_FILES
+from env.tasks.zeroeval import ZEROEVAL_FILES
 
 # Own FlagValues: the launchers' global --data_dir (launch.flag_groups.world) is not redefined, and nothing here leaks into
 # their flags.
@@ -63,6 +65,7 @@ def hugging_face(
 # object ids listed for these revisions); sha256=None where it could not, from a machine without internet.
 DATASETS: dict[str, RemoteDataset] = {
     "routerdc": ROUTERDC_FILES,
+    "zeroeval": ZEROEVAL_FILES,
     "math500": hugging_face(
         "math500", "HuggingFaceH4/MATH-500", "ff5b20257d8185524591543f8ff5993951537bb8", "default", "test",
         # Not pinned: a plain git blob (not LFS), whose sha256 is not published.

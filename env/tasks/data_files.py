@@ -52,7 +52,8 @@ class ChecksumError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class RemoteFile:
-    """One file of a data set: saved as `name`, downloaded from `<base_url>/<remote_path or name>`."""
+    """One file of a data set: saved as `name` (a plain name, or a relative path such as `gsm/model.json` for a data
+    set kept in folders), downloaded from `<base_url>/<remote_path or name>`."""
 
     name: str
     sha256: str | None  # None: not pinned, see the module docstring
@@ -60,8 +61,8 @@ class RemoteFile:
     remote_path: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name or self.name.startswith("."):
-            raise ValueError(f"a file name must be a plain name, got {self.name!r}")
+        if not self.name or any(not part or part.startswith(".") for part in self.name.split("/")):
+            raise ValueError(f"a file name must be a plain name or a relative path of plain names, got {self.name!r}")
         if self.sha256 is not None and (len(self.sha256) != 64 or set(self.sha256) - set("0123456789abcdef")):
             raise ValueError(f"{self.name}: sha256 must be 64 lower-case hex digits, got {self.sha256!r}")
         if self.size is not None and self.size < 0:
@@ -202,12 +203,21 @@ def fetch(
             if target.is_file() and not (recheck and file.pinned and sha256_of(target) != file.sha256):
                 present.append(file.name)
                 continue
+            target.parent.mkdir(parents=True, exist_ok=True)
             total += _download(dataset.url(file, base_url), file, target, progress, timeout_s)
             downloaded.append(file.name)
     finally:
-        if created and not any(directory.iterdir()):
-            directory.rmdir()
+        _remove_empty_folders(directory, remove_top=created)
     return FetchReport(directory, tuple(downloaded), tuple(present), total)
+
+
+def _remove_empty_folders(directory: Path, remove_top: bool) -> None:
+    """Removes the empty folders a failed fetch leaves under `directory` (and `directory` itself if `remove_top`)."""
+    for folder in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    if remove_top and not any(directory.iterdir()):
+        directory.rmdir()
 
 
 def verify(dataset: RemoteDataset, directory: str | os.PathLike) -> dict[str, str]:
@@ -237,7 +247,9 @@ def sha256_of(path: str | os.PathLike) -> str:
 
 
 def _download(url: str, file: RemoteFile, target: Path, progress: IO[str] | None, timeout_s: float) -> int:
-    handle = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{file.name}.", suffix=".part", delete=False)
+    handle = tempfile.NamedTemporaryFile(
+        dir=target.parent, prefix=f".{Path(file.name).name}.", suffix=".part", delete=False
+    )
     temporary = Path(handle.name)
     try:
         with handle:

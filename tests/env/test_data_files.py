@@ -191,6 +191,24 @@ def test_a_connection_dropped_mid_file_raises_and_leaves_nothing(server, tmp_pat
     assert files_under(tmp_path) == [] and not (tmp_path / "tinyset").exists()
 
 
+def test_files_kept_in_folders_land_there_and_a_failed_one_leaves_no_empty_folder(server, tmp_path):
+    data = PAYLOADS["sub/second.bin"]
+    dataset = RemoteDataset("tinyset", server.url, (
+        RemoteFile("a/first.json", sha256(PAYLOADS["first.json"]), remote_path="first.json"),
+        RemoteFile("b/c/second.bin", sha256(data), len(data), remote_path="sub/second.bin"),
+    ))
+    fetch(dataset, tmp_path)
+    assert files_under(tmp_path) == [tmp_path / "tinyset" / "a" / "first.json", tmp_path / "tinyset" / "b" / "c" /
+                                     "second.bin"]
+    assert verify(dataset, tmp_path / "tinyset") == {"a/first.json": "ok", "b/c/second.bin": "ok"}
+    server.corrupt.add("sub/second.bin")
+    with pytest.raises(ChecksumError, match="differs from the pinned"):
+        fetch(dataset, tmp_path / "again")
+    assert [p.relative_to(tmp_path) for p in sorted((tmp_path / "again").rglob("*"))] == [
+        Path("again/tinyset"), Path("again/tinyset/a"), Path("again/tinyset/a/first.json")
+    ]
+
+
 def test_a_missing_file_on_the_server_is_an_http_error(server, tmp_path):
     dataset = RemoteDataset("tinyset", server.url, (RemoteFile("absent.json", "0" * 64),))
     with pytest.raises(DownloadError, match="HTTP 404"):
@@ -266,8 +284,9 @@ def test_the_cache_honours_xdg_cache_home_and_defaults_to_home(monkeypatch, tmp_
 def test_bad_file_specs_are_rejected():
     with pytest.raises(ValueError, match="64 lower-case hex"):
         RemoteFile("a.json", "ABC")
-    with pytest.raises(ValueError, match="plain name"):
-        RemoteFile("sub/a.json", None)
+    for name in ("/a.json", "sub//a.json", "../a.json", "sub/.a.json", ""):
+        with pytest.raises(ValueError, match="plain name"):
+            RemoteFile(name, None)
     with pytest.raises(ValueError, match="names a file twice"):
         RemoteDataset("d", "http://x", (RemoteFile("a", None), RemoteFile("a", None)))
 

@@ -12,11 +12,19 @@ import pytest
 from absl import app
 from absl.testing import flagsaver
 
-from env.tasks.data_files import DATA_DIR_ENV, RemoteDataset
+from env.tasks import zeroeval
+from env.tasks.data_files import DATA_DIR_ENV, RemoteDataset, team_root
 from env.worlds import PaperWorldConfig
 from launch import data
 from launch.flag_groups import world as world_flags
-from tests.env.test_data_files import PAYLOADS, server, tiny_dataset  # noqa: F401 (server: a fixture, used by name)
+from tests.env.test_data_files import (  # noqa: F401 (server: a fixture, used by name)
+    PAYLOADS,
+    FileServer,
+    server,
+    tiny_dataset,
+)
+
+TEAM_ZEROEVAL = team_root() / "zeroeval"
 
 
 @pytest.fixture
@@ -83,10 +91,11 @@ def test_bad_commands_and_names_are_usage_errors():
 
 
 def test_the_registry_states_each_paper_task_source_at_a_pinned_revision():
-    assert set(data.DATASETS) == {"routerdc"} | {name for name, _ in PaperWorldConfig.tasks}
+    assert set(data.DATASETS) == {"routerdc", "zeroeval"} | {name for name, _ in PaperWorldConfig.tasks}
     for name, dataset in data.DATASETS.items():
         assert dataset.name == name
-        revision = dataset.base_url.rsplit("/", 1)[-1] if name != "routerdc" else dataset.base_url.split("/")[5]
+        on_github = name in ("routerdc", "zeroeval")
+        revision = dataset.base_url.split("/")[5] if on_github else dataset.base_url.rsplit("/", 1)[-1]
         assert len(revision) == 40 and revision in dataset.source
     assert data.DATASETS["mmlu"].url(data.DATASETS["mmlu"].files[0]) == (
         "https://huggingface.co/datasets/cais/mmlu/resolve/c30699e8356da336a370243923dbaf21066bb9fe/"
@@ -125,3 +134,36 @@ def test_data_dir_feeds_the_replay_and_paper_worlds(tmp_path, isolated):
         )
     with flagsaver.flagsaver(world="replay"):
         assert world_flags.from_flags(["tiny_test"]).data_dir is None  # env.tasks searches when the world is built
+
+
+@pytest.fixture
+def zeroeval_mirror():
+    """The team's copy served under the pinned files' remote paths (`@` percent-encoded, as GitHub is asked)."""
+    served = FileServer({f.remote_path or f.name: (TEAM_ZEROEVAL / f.name).read_bytes()
+                         for f in zeroeval.ZEROEVAL_FILES.files})
+    yield served
+    served.close()
+
+
+@pytest.mark.skipif(not TEAM_ZEROEVAL.is_dir(), reason="no team copy of the zeroeval files on this machine")
+def test_fetch_zeroeval_checks_every_file_and_the_cache_then_comes_before_the_team_copy(zeroeval_mirror, isolated):
+    status, text = run("fetch", ["zeroeval"], base_url=zeroeval_mirror.url)
+    size = sum(f.size for f in zeroeval.ZEROEVAL_FILES.files)
+    assert status == 0
+    assert text == (
+        f"zeroeval: 51 files in {isolated / 'zeroeval'} (downloaded 51, {size / 1e6:,.1f} MB; already there 0)\n"
+    )
+    assert "gsm/Meta-Llama-3.1-405B-Instruct%40hyperbolic.json" in zeroeval_mirror.requests
+    assert zeroeval.data_dir() == isolated / "zeroeval"  # the cache, searched before the team copy
+    status, text = run("where", ["zeroeval"])
+    assert status == 0 and text.count(": ok\n") == 51
+
+
+@pytest.mark.skipif(not TEAM_ZEROEVAL.is_dir(), reason="no team copy of the zeroeval files on this machine")
+def test_a_zeroeval_file_that_differs_from_its_pin_fails_the_fetch_loudly(zeroeval_mirror, isolated):
+    zeroeval_mirror.corrupt.add("crux.summary.json")
+    status, text = run("fetch", ["zeroeval"], base_url=zeroeval_mirror.url)
+    assert status == 1
+    assert text.startswith("zeroeval: fetch failed: ") and "crux.summary.json: sha256 " in text
+    assert "differs from the pinned 6940bbee51fc" in text
+    assert not (isolated / "zeroeval").exists()  # nothing unverified left behind

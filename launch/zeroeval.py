@@ -1,0 +1,195 @@
+"""The zeroeval world's exact reference points, computed from its records (docs/zeroeval.md).
+
+    python -m launch.zeroeval --out_dir=runs/zeroeval
+
+Prints, and writes as results.json and results.md under --out_dir:
+- per (task, model): accuracy under the project's graders, under ZeroEval's own rule (reproduced) and as ZeroEval
+  published it, with the questions where the two rules disagree;
+- tokens per model by each tokenizer (the chars/4 error against cl100k_base);
+- per cost setting (tokenizer, o1-mini output factor) and split (all questions; the test split): every model alone,
+  the best single model, the cheapest, each task to its best model, the per-question oracle, the exact frontier of
+  routing by task label (all 16^3 assignments) and the cheapest task routing within 1 point of o1-mini alone;
+- the supervised per-question router ceiling (`env.text_router`): trained on the train split with every model's
+  recorded outcome, evaluated on the test split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Sequence
+
+import numpy as np
+from absl import app, flags
+
+from env import frontier, text_router
+from env.tasks import zeroeval
+from env.workers.recorded import TOKENIZERS, ZEROEVAL_PRICES, RecordedWorker, count_tokens
+
+_OUT_DIR = flags.DEFINE_string("out_dir", "runs/zeroeval", "Where results.json and results.md go.")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "Data root holding zeroeval/ (default: the lookup order).")
+_O1_FACTORS = flags.DEFINE_list(
+    "o1_mini_output_factors", ["1", "5"],
+    "Multipliers of o1-mini's counted output tokens (its hidden reasoning is billed but not recorded); 1 counts only "
+    "the visible text.",
+)
+_SPLIT_SEED = flags.DEFINE_integer("split_seed", 0, "Seed of the train/test split (env.tasks.zeroeval).")
+_O1_MINI = "o1-mini-2024-09-12"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def _per_k(x: float) -> str:
+    return f"{1000 * x:.3f}"
+
+
+def accuracy_table(tasks, correct: np.ndarray, directory) -> tuple[list[dict], np.ndarray]:
+    """Per (task, model): the project's grade (`correct[task, model]`), ZeroEval's rule, the published figure and the
+    questions where the two disagree; and the matrix of ZeroEval's verdicts (a missing record: wrong)."""
+    rows = []
+    by_rule = np.zeros_like(correct)
+    for domain in zeroeval.ZEROEVAL_TASKS:
+        published = zeroeval.published_accuracy(domain, directory)
+        mine = [q for q, t in enumerate(tasks) if t.domain == domain]
+        for m, model in enumerate(zeroeval.ZEROEVAL_MODELS):
+            project = rule = project_only = rule_only = 0
+            recorded = [q for q in mine if model in tasks[q].metadata["records"]]
+            for q in recorded:
+                task = tasks[q]
+                record = task.metadata["records"][model]
+                by_project = bool(correct[q, m])
+                right = zeroeval.zeroeval_grade(domain, zeroeval.zeroeval_answer(record.output, model), task.gold)
+                by_rule[q, m] = right
+                project += by_project
+                rule += right
+                project_only += by_project and not right
+                rule_only += right and not by_project
+            rows.append({
+                "task": domain, "model": model, "questions": len(mine), "records": len(recorded),
+                "project": project / len(mine), "zeroeval_rule_over_records": rule / len(recorded),
+                "published": published.get(model), "only_project_right": project_only, "only_rule_right": rule_only,
+            })
+    return rows, by_rule
+
+
+def token_table(tasks) -> list[dict]:
+    rows = []
+    for model in zeroeval.ZEROEVAL_MODELS:
+        counts = {tokenizer: [0, 0] for tokenizer in TOKENIZERS}
+        for task in tasks:
+            record = task.metadata["records"].get(model)
+            if record is None:
+                continue
+            for tokenizer in TOKENIZERS:
+                counts[tokenizer][0] += count_tokens(record.prompt, tokenizer)
+                counts[tokenizer][1] += count_tokens(record.output, tokenizer)
+        rows.append({"model": model, **{f"{t}_{part}": counts[t][i] for t in TOKENIZERS
+                                         for i, part in enumerate(("prompt", "output"))}})
+    return rows
+
+
+def reference_points(o: frontier.Outcomes) -> dict:
+    singles = frontier.single_models(o)
+    o1 = singles[o.models.index(_O1_MINI)]
+    routes = frontier.task_routing_points(o)
+    within = frontier.cheapest_within([p for _, p in routes], o1.accuracy - 0.01)
+    return {
+        "questions": int(len(o.domain_of)),
+        "single": {p.route: p.summary() for p in singles},
+        "best_single": {"model": frontier.best_single(o).route, **frontier.best_single(o).summary()},
+        "cheapest": {"model": frontier.cheapest_single(o).route, **frontier.cheapest_single(o).summary()},
+        "per_task_best": {"route": frontier.per_task_best(o).route, **frontier.per_task_best(o).summary()},
+        "oracle": frontier.oracle(o).summary(),
+        "task_routing_within_1_point_of_o1_mini": {"route": within.route, **within.summary()},
+        "task_routing_frontier": [{"route": p.route, **p.summary()} for p in frontier.task_routing_frontier(o)],
+    }
+
+
+def markdown(results: dict) -> str:
+    lines = ["# zeroeval world: reference points", "", "## Accuracy per task and model (%)", "",
+             "| task | model | project graders | ZeroEval rule (its records) | published | only project right | "
+             "only rule right | records |", "|---|---|---|---|---|---|---|---|"]
+    for r in results["accuracy"]:
+        lines.append(f"| {r['task']} | {r['model']} | {_pct(r['project'])} | {_pct(r['zeroeval_rule_over_records'])} "
+                     f"| {r['published']} | {r['only_project_right']} | {r['only_rule_right']} | "
+                     f"{r['records']}/{r['questions']} |")
+    lines += ["", "## Tokens per model, all questions (prompt / output)", "",
+              "| model | cl100k_base | chars/4 | chars/4 ÷ cl100k (prompt, output) |", "|---|---|---|---|"]
+    for r in results["tokens"]:
+        lines.append(f"| {r['model']} | {r['cl100k_base_prompt']:,} / {r['cl100k_base_output']:,} | "
+                     f"{r['chars/4_prompt']:,} / {r['chars/4_output']:,} | "
+                     f"{r['chars/4_prompt'] / r['cl100k_base_prompt']:.3f}, "
+                     f"{r['chars/4_output'] / r['cl100k_base_output']:.3f} |")
+    for setting, by_split in results["costs"].items():
+        for split, points in by_split.items():
+            lines += ["", f"## {setting}, {split} split ({points['questions']} questions): accuracy %, $ per 1,000 "
+                      "questions", "", "| route | accuracy | $/1k q |", "|---|---|---|"]
+            for name, p in points["single"].items():
+                lines.append(f"| {name} | {_pct(p['accuracy'])} | {_per_k(p['cost_usd_per_question'])} |")
+            for key in ("best_single", "cheapest", "per_task_best", "oracle", "task_routing_within_1_point_of_o1_mini"):
+                p = points[key]
+                label = p.get("model") or p.get("route") or ""
+                lines.append(f"| **{key}** {label} | {_pct(p['accuracy'])} | {_per_k(p['cost_usd_per_question'])} |")
+            lines += ["", "Task-routing frontier:", ""]
+            for p in points["task_routing_frontier"]:
+                lines.append(f"- {_pct(p['accuracy'])}% at ${_per_k(p['cost_usd_per_question'])}/1k: {p['route']}")
+    router = results["router"]
+    lines += ["", f"## Per-question router ceiling ({router['about']})", "", "| usd weight λ | accuracy | $/1k q |",
+              "|---|---|---|"]
+    for p in router["points"]:
+        lines.append(f"| {p['usd_weight']:g} | {_pct(p['accuracy'])} | {_per_k(p['cost_usd_per_question'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(directory: pathlib.Path, factors: Sequence[float], split_seed: int) -> dict:
+    tasks = [t for domain in zeroeval.ZEROEVAL_TASKS for t in zeroeval.load_zeroeval(domain, directory)]
+    test = np.zeros(len(tasks), dtype=bool)
+    for domain in zeroeval.ZEROEVAL_TASKS:
+        ids = {f"zeroeval/{domain}/{i}" for i in zeroeval.split_indices(
+            domain, sum(t.domain == domain for t in tasks), "test", split_seed)}
+        test |= np.array([t.id in ids for t in tasks])
+    results = {"costs": {}}
+    correct = None
+    for tokenizer in TOKENIZERS:
+        for factor in factors if tokenizer == "cl100k_base" else (1.0,):
+            workers = [RecordedWorker(m, ZEROEVAL_PRICES[m], tokenizer=tokenizer,
+                                      output_factor=factor if m == _O1_MINI else 1.0)
+                       for m in zeroeval.ZEROEVAL_MODELS]
+            o = frontier.outcomes(tasks, workers, correct)
+            correct = o.correct
+            results["costs"][f"{tokenizer}, o1-mini output x{factor:g}"] = {
+                "all": reference_points(o), "test": reference_points(o.subset(np.flatnonzero(test)))}
+            if tokenizer == "cl100k_base" and factor == factors[0]:
+                results["router"] = text_router.ceiling(tasks, o, test)
+    results["accuracy"], by_rule = accuracy_table(tasks, correct, directory)
+    # The issue's "for scale" figures: ZeroEval's verdicts, chars/4 tokens, o1-mini's visible output only.
+    chars4 = frontier.outcomes(
+        tasks, [RecordedWorker(m, ZEROEVAL_PRICES[m], tokenizer="chars/4") for m in zeroeval.ZEROEVAL_MODELS], correct
+    )
+    results["costs"]["ZeroEval's verdicts, chars/4, o1-mini output x1"] = {
+        "all": reference_points(dataclasses.replace(chars4, correct=by_rule))
+    }
+    results["tokens"] = token_table(tasks)
+    return results
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    factors = [float(f) for f in _O1_FACTORS.value]
+    if not factors or any(f < 1 for f in factors):
+        raise app.UsageError(f"--o1_mini_output_factors must be numbers >= 1, got {_O1_FACTORS.value}")
+    directory = zeroeval.data_dir(_DATA_DIR.value)
+    results = run(directory, factors, _SPLIT_SEED.value)
+    out = pathlib.Path(_OUT_DIR.value)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    text = markdown(results)
+    (out / "results.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    app.run(main)
