@@ -612,9 +612,15 @@ def _kill_everything(process: subprocess.Popen, uid: int | None) -> None:
     for _ in range(100):
         survivors = _processes_of(uid)
         if not survivors:
-            return
+            break
         for pid in survivors:
             _sigkill(pid)
+    # The dead wait for their namespace's init to reap them, which it does on its way out (bwrap's may still be
+    # going when bwrap has returned): a moment for that, so that nothing of the sandbox is left once this returns.
+    for _ in range(400):
+        if not _processes_of(uid, dead_too=True):
+            return
+        time.sleep(0.005)
 
 
 def _sigkill(pid: int) -> None:
@@ -646,8 +652,8 @@ def _process_table(only: int | None = None) -> list[tuple[int, int, bytes]]:
     return table
 
 
-def _processes_of(uid: int) -> list[int]:
-    """Live processes of `uid` (zombies are dead already and wait for their reaper)."""
+def _processes_of(uid: int, dead_too: bool = False) -> list[int]:
+    """Live processes of `uid`, and with `dead_too` its zombies (dead already, waiting for their reaper)."""
     pids = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -659,7 +665,7 @@ def _processes_of(uid: int) -> list[int]:
                 state = handle.read().rsplit(b")", 1)[1].split()[0]
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
-        if state != b"Z":
+        if dead_too or state != b"Z":
             pids.append(int(entry.name))
     return pids
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import json
 import logging
@@ -676,6 +677,39 @@ print(json.dumps(report))
         assert sandbox._UID_BASE <= report["uid"] < sandbox._UID_BASE + 1024
     else:
         assert report["uid"] == unprivileged.NOBODY
+
+
+@pytest.mark.parametrize("layer", KERNEL_LAYERS)
+@pytest.mark.parametrize("user", USERS)
+def test_processes_are_bounded_per_sandbox_not_per_user(user, layer, request, leaves_nothing_behind):
+    """Three sandboxes at once, each forking as much as it can under max_processes=8: each gets the same number,
+    however many the others hold. As root each sandbox has a uid of its own; as an ordinary user the count is per
+    user namespace (Linux 5.14 and later), and each sandbox has one."""
+    runner = _runner_for(user, layer, request)
+    if user == "nobody" and tuple(int(part) for part in os.uname().release.split(".")[:2]) < (5, 14):
+        pytest.skip("before Linux 5.14 RLIMIT_NPROC counts every process of the user")
+    program = DISARM_AUDIT_HOOK + """
+import os, time
+made = 0
+for _ in range(20):
+    try:
+        if os.fork() == 0:
+            time.sleep(2)
+            os._exit(0)
+    except OSError:
+        break
+    made += 1
+print(made)
+"""
+    jobs = [SandboxJob(program, SandboxLimits(cpu_s=5, wall_s=20.0, memory_mb=512, max_processes=8))] * 3
+    if runner is None:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            results = list(pool.map(lambda job: run_python(job.source, limits=job.limits, layer=layer), jobs))
+    else:
+        results = runner.run(jobs, layer, workers=3)
+    made = [int(result.stdout) for result in results]
+    # The program and its children, and bwrap's init where it runs as the same user (bwrap as an ordinary user).
+    assert made == [6 if (user, layer) == ("nobody", "bwrap") else 7] * 3, [result.stderr[-300:] for result in results]
 
 
 def test_cleanup_removes_what_a_program_locked_with_chmod_000_as_an_ordinary_user(nobody, tmp_path):
