@@ -82,8 +82,9 @@ def _episode_outcome(task: Task, repeat: int, rounds: Sequence[_Round]) -> Outco
     ]
     metrics = {**per_round[-1], "reward": float(rounds[-1].rollout.reward), "rounds": float(len(rounds))}
     metrics |= {name: float(sum(m.get(name, 0.0) for m in per_round)) for name in EPISODE_TOTALS}
-    workers = tuple(worker for r in rounds for worker in r.rollout.workers)
-    return Outcome(task.id, task.domain, repeat, metrics, workers, rounds[-1].rollout.context.workflow)
+    workflows = [r.rollout.context.workflow for r in rounds]
+    workers = tuple(step.worker for workflow in workflows if workflow is not None for step in workflow.steps)
+    return Outcome(task.id, task.domain, repeat, metrics, workers, workflows[-1])
 
 
 def _episodes(
