@@ -4,6 +4,8 @@
   known optimal policy and its expected reward (`OraclePolicy`), so training can be compared with the oracle.
 - `replay`: the seven RouterDC models replaying their recorded per-question outcomes.
 - `local`: real small transformers models (SmolLM2-135M-Instruct) running in-process.
+- `zeroeval`: sixteen API and open models replaying their recorded outputs on GSM8K, MATH level 5 and CRUXEval, with
+  list prices (`env.tasks.zeroeval`, `env.workers.recorded`; docs/zeroeval.md).
 - `paper`: the reference's seven-worker pool (three provider APIs, four open models behind OpenAI-compatible
   servers). Constructible without keys or servers; a call fails (as a recorded step) only when made without them.
 """
@@ -17,6 +19,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from env import tasks as task_library
+from env.tasks.zeroeval import ZEROEVAL_MODELS, ZEROEVAL_TASKS, load_zeroeval
 from env.orchestration import OrchestrationReference, OrchestrationWorldConfig
 from env.orchestration import build as build_orchestration
 from env.rewards import RewardConfig
@@ -26,6 +29,7 @@ from env.workers.api import FREE, Price, RetryConfig
 from env.workers.base import Worker
 from env.workers.google_api import GoogleWorker
 from env.workers.openai_api import OpenAICompatibleWorker, OpenAIWorker
+from env.workers.recorded import TOKENIZERS, ZEROEVAL_PRICES, RecordedWorker, Tokenizer
 from env.workers.replay import ROUTERDC_MODELS, ReplayWorker
 from env.workers.simulated import AnswerModel, SimulatedWorker
 from env.workflow import Step, Workflow
@@ -180,6 +184,38 @@ class ReplayWorldConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ZeroEvalWorldConfig:
+    """ZeroEval's recorded outputs (`env.tasks.zeroeval`) replayed by `models` at `ZEROEVAL_PRICES`. `split` is the
+    fixed half of each task (`split_indices`, drawn from `split_seed`): train for training, test for reporting.
+    `o1_mini_output_factor` scales o1-mini's counted output tokens for its unrecorded hidden reasoning."""
+
+    tasks: tuple[str, ...] = ZEROEVAL_TASKS
+    split: str = "train"
+    split_seed: int = 0
+    data_dir: str | None = None  # the directory holding <task>/ (default: env.tasks.zeroeval.data_dir())
+    limit_per_task: int | None = None
+    seed: int = 0
+    models: tuple[str, ...] = ZEROEVAL_MODELS
+    tokenizer: Tokenizer = "cl100k_base"
+    o1_mini_output_factor: float = 1.0
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.tasks or set(self.tasks) - set(ZEROEVAL_TASKS):
+            raise ValueError(f"zeroeval tasks must be some of {', '.join(ZEROEVAL_TASKS)}, got {self.tasks}")
+        if not self.models or set(self.models) - set(ZEROEVAL_MODELS):
+            raise ValueError(f"zeroeval models must be some of {', '.join(ZEROEVAL_MODELS)}, got {self.models}")
+        if self.split not in ("train", "test", "all"):
+            raise ValueError(f"split must be train, test or all, got {self.split!r}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
+        if not 1.0 <= self.o1_mini_output_factor < float("inf"):
+            raise ValueError(f"o1_mini_output_factor must be finite and >= 1, got {self.o1_mini_output_factor}")
+        if self.limit_per_task is not None and self.limit_per_task < 1:
+            raise ValueError(f"limit_per_task must be >= 1, got {self.limit_per_task}")
+
+
+@dataclasses.dataclass(frozen=True)
 class LocalWorldConfig:
     """In-process transformers workers; repeating a directory gives another worker sharing the loaded model."""
 
@@ -234,6 +270,7 @@ PAPER_OPEN_MODELS = ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "google/gemma-3
 
 WorldConfig = (
     SyntheticWorldConfig | ReplayWorldConfig | LocalWorldConfig | PaperWorldConfig | OrchestrationWorldConfig
+    | ZeroEvalWorldConfig
 )
 
 
@@ -250,6 +287,8 @@ def build_world(config: WorldConfig, reward_config: RewardConfig = RewardConfig(
         return _local(config)
     if isinstance(config, PaperWorldConfig):
         return _paper(config)
+    if isinstance(config, ZeroEvalWorldConfig):
+        return _zeroeval(config)
     raise TypeError(f"not a world config: {type(config).__name__}")
 
 
@@ -318,6 +357,28 @@ def replay_reference_points(tasks: Sequence[Task]) -> dict[str, float | str]:
         "best_single": totals[best_model] / len(tasks),
         "oracle": oracle / len(tasks),
     }
+
+
+def _zeroeval(config: ZeroEvalWorldConfig) -> World:
+    pool: list[Worker] = [
+        RecordedWorker(
+            model,
+            ZEROEVAL_PRICES[model],
+            tokenizer=config.tokenizer,
+            output_factor=config.o1_mini_output_factor if model == "o1-mini-2024-09-12" else 1.0,
+            latency_s=config.latency_s,
+        )
+        for model in config.models
+    ]
+    tasks: list[Task] = []
+    for name in config.tasks:
+        loaded = load_zeroeval(name, config.data_dir, split=config.split, split_seed=config.split_seed,
+                               models=config.models)
+        if config.limit_per_task is not None and config.limit_per_task < len(loaded):
+            kept = sorted(random.Random(config.seed).sample(range(len(loaded)), config.limit_per_task))
+            loaded = [loaded[index] for index in kept]
+        tasks.extend(loaded)
+    return World("zeroeval", pool, tasks)
 
 
 def _local(config: LocalWorldConfig) -> World:

@@ -6,11 +6,19 @@ from typing import Sequence, get_args
 
 from absl import flags
 
-from env.tasks import data_files, routerdc
+from env.tasks import data_files, routerdc, zeroeval
 from env.workers.api import Price
 from env.workers.simulated import AnswerModel, MultiStepRule
 from env.orchestration import OrchestrationWorldConfig
-from env.worlds import LocalWorldConfig, PaperWorldConfig, ReplayWorldConfig, SyntheticWorldConfig, WorldConfig
+from env.workers.recorded import TOKENIZERS
+from env.worlds import (
+    LocalWorldConfig,
+    PaperWorldConfig,
+    ReplayWorldConfig,
+    SyntheticWorldConfig,
+    WorldConfig,
+    ZeroEvalWorldConfig,
+)
 from launch.flag_groups import shared
 from models import zoo
 
@@ -18,7 +26,7 @@ _TASKS = flags.DEFINE_list(
     "tasks", [],
     "Training tasks. replay: RouterDC file stems (e.g. mmlu_train,gsm8k-train); local: one env.tasks name; "
     "paper: name or name:path entries (math500, mmlu, rlpr, livecodebench); orchestration: one split (train, "
-    "validation, test). Empty: the world's default.",
+    "validation, test); zeroeval: ZeroEval tasks (gsm, math-l5, crux). Empty: the world's default.",
 )
 _TASK_LIMIT = flags.DEFINE_integer("task_limit", None, "At most this many questions per task file.")
 _DATA_DIR = flags.DEFINE_string(
@@ -47,6 +55,22 @@ _MULTI_STEP_RULE = flags.DEFINE_enum(
 )
 _ADOPT_RATE = flags.DEFINE_float("adopt_rate", 0.5, "Adoption probability of the 'adopt' multi-step rule.")
 _LOCAL_WORKERS = flags.DEFINE_integer("local_workers", 2, "SmolLM2-135M-Instruct workers in the local world.")
+
+
+_ZEROEVAL_SPLIT = flags.DEFINE_enum(
+    "zeroeval_split", "train", ["train", "test", "all"],
+    "zeroeval world: which fixed half of each task (env.tasks.zeroeval.split_indices, seed 0) to use; the test half "
+    "is for reporting only.",
+)
+_ZEROEVAL_TOKENIZER = flags.DEFINE_enum(
+    "zeroeval_tokenizer", "cl100k_base", list(TOKENIZERS),
+    "zeroeval world: how the recorded prompts and outputs are counted into tokens for their cost.",
+)
+_O1_MINI_OUTPUT_FACTOR = flags.DEFINE_float(
+    "o1_mini_output_factor", 1.0,
+    "zeroeval world: multiplier of o1-mini's counted output tokens, for the hidden reasoning it is billed for but "
+    "the records lack (docs/zeroeval.md).",
+)
 
 
 def _synthetic(tasks: Sequence[str], answer_model: AnswerModel) -> SyntheticWorldConfig:
@@ -94,6 +118,16 @@ def _paper(tasks: Sequence[str], answer_model: AnswerModel) -> PaperWorldConfig:
     return PaperWorldConfig(tasks=entries, limit_per_task=_TASK_LIMIT.value, seed=shared.SEED.value)
 
 
+def _zeroeval(tasks: Sequence[str], answer_model: AnswerModel) -> ZeroEvalWorldConfig:
+    del answer_model  # a record answers the same whatever the call reads
+    directory = str(zeroeval.data_dir(_DATA_DIR.value)) if _DATA_DIR.value else None
+    return ZeroEvalWorldConfig(
+        tasks=tuple(tasks) or zeroeval.ZEROEVAL_TASKS, split=_ZEROEVAL_SPLIT.value, data_dir=directory,
+        limit_per_task=_TASK_LIMIT.value, seed=shared.SEED.value, tokenizer=_ZEROEVAL_TOKENIZER.value,
+        o1_mini_output_factor=_O1_MINI_OUTPUT_FACTOR.value, latency_s=_WORKER_LATENCY.value,
+    )
+
+
 def _found(task: str) -> str | None:
     """`<task>/` in the first data root holding it, `--data_dir` searched first; None leaves the search to env.tasks
     (which then names the directories it tried)."""
@@ -109,6 +143,7 @@ def _orchestration(tasks: Sequence[str], answer_model: AnswerModel) -> Orchestra
 
 _CONFIGS = {
     "synthetic": _synthetic, "replay": _replay, "local": _local, "paper": _paper, "orchestration": _orchestration,
+    "zeroeval": _zeroeval,
 }
 _WORLD = flags.DEFINE_enum("world", "synthetic", list(_CONFIGS), "The worker pool and tasks.")
 

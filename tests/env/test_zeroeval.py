@@ -180,3 +180,29 @@ def test_the_project_graders_give_zeroevals_crux_table_and_its_gsm8k_table_but_u
     assert len(gsm) - len(wrong) == round(0.9621 * 1319) - 1
     assert [z.zeroeval_answer(t.metadata["records"]["gpt-4o-2024-08-06"].output, "gpt-4o")
             for t in right_by_rule] == ["2:00 pm"]
+
+
+def test_the_zeroeval_world_replays_each_model_through_the_conductor_env(tmp_path):
+    from env.gym_env import ConductorEnv, EnvConfig
+    from env.workflow import Step, Workflow, render_workflow
+    from env.worlds import ZeroEvalWorldConfig, build_world
+
+    directory = write_fake(tmp_path, questions=tuple(f"Q{i}" for i in range(8)))
+    config = ZeroEvalWorldConfig(tasks=("gsm",), split="test", data_dir=str(directory), tokenizer="chars/4",
+                                 models=("o1-mini-2024-09-12", "gemma-2-9b-it"), o1_mini_output_factor=2.0)
+    world = build_world(config)
+    assert [w.name for w in world.pool] == ["o1-mini-2024-09-12", "gemma-2-9b-it"]
+    assert [t.id for t in world.tasks] == [f"zeroeval/gsm/{i}" for i in z.split_indices("gsm", 8, "test")]
+    env = ConductorEnv(world, EnvConfig())
+    scored = env.score_batch_sync(world.tasks, [render_workflow(Workflow(steps=(Step(0, "Solve."),)))] * 4)
+    env.close()
+    record = world.tasks[0].metadata["records"]["o1-mini-2024-09-12"]
+    expected_cost = (math.ceil(len(record.prompt) / 4) * 3.0 + 2 * math.ceil(len(record.output) / 4) * 12.0) / 1e6
+    assert [s.grade for s in scored] == [1.0] * 4
+    assert scored[0].execution.cost_usd == pytest.approx(expected_cost)
+    with pytest.raises(ValueError, match="split must be"):
+        ZeroEvalWorldConfig(split="dev")
+    with pytest.raises(ValueError, match="zeroeval models"):
+        ZeroEvalWorldConfig(models=("gpt-5",))
+    with pytest.raises(ValueError, match="o1_mini_output_factor"):
+        ZeroEvalWorldConfig(o1_mini_output_factor=0.5)
