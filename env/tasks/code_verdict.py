@@ -11,7 +11,7 @@ which loads it and answers requests; everything that decides the verdict runs he
   expected one line by line, token by token, numbers within 1e-6.
 Expected outputs never enter the sandbox, and its exit status is never read: a program passes only by sending
 values that compare equal here. Values come back through `code_harness.from_json`, which builds builtin types only.
-A timeout, a crash, a reply that is not one well-formed line of at most `limits.max_output_chars` bytes, or any
+A timeout, a crash, a reply that is not one well-formed line of at most `_reply_bytes` bytes, or any
 call after one of these fails the verdict, even where a check catches the exception it raises.
 """
 
@@ -61,9 +61,16 @@ def passes(
         _harness_source(), files={"solution.py": solution}, argv=[kind, entry_point], limits=limits, layer=layer
     ) as session:
         try:
-            return _decide(_Channel(session, limits.max_output_chars), kind, entry_point, prompt, test_code, cases)
+            channel = _Channel(session, _reply_bytes(limits, cases))
+            return _decide(channel, kind, entry_point, prompt, test_code, cases)
         finally:
             _let_exit(session)
+
+
+def _reply_bytes(limits: SandboxLimits, cases: Sequence[tuple[str, str]]) -> int:
+    """The longest reply read: `limits.max_output_chars`, or for a case whose expected output is longer room for
+    that output JSON-escaped (up to 6 bytes a character) with a margin, so an honest long answer fits."""
+    return max([limits.max_output_chars, *(8 * len(expected) + 1024 for _, expected in cases)])
 
 
 def _decide(

@@ -290,6 +290,18 @@ def test_a_check_that_expects_an_exception_sees_the_candidates():
     assert not passes("    import os\n    os._exit(0)", **swallowing, limits=LIMITS)
 
 
+def test_a_long_honest_answer_fits_and_a_flood_does_not():
+    """Replies are read up to `max_output_chars` or, past that, room for the longest expected output."""
+    limits = SandboxLimits(cpu_s=2, wall_s=3.0, memory_mb=512, max_output_chars=1000)
+    expected = " ".join(map(str, range(2000)))
+    cases = (("2000\n", expected),)
+    assert passes("print(*range(int(input())))", kind="stdin", cases=cases, limits=limits)
+    assert not passes("print(*range(int(input())))\nprint('x' * 10 ** 6)", kind="stdin", cases=cases, limits=limits)
+    functional = (("2000", json.dumps(list(range(2000)))),)
+    assert passes("def f(n):\n    return list(range(n))", kind="functional", entry_point="f", cases=functional,
+                  limits=limits)
+
+
 def test_stdin_outputs_compare_by_lines_tokens_and_floats():
     assert outputs_equal("1 2\n3\n", "1   2 \n3")
     assert outputs_equal("0.3\n", "0.30000001")
