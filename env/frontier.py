@@ -166,3 +166,23 @@ def cheapest_within(points: Sequence[Point], accuracy: float) -> Point | None:
     """The cheapest of `points` with at least `accuracy`; None if none has."""
     eligible = [p for p in points if p.accuracy >= accuracy]
     return min(eligible, key=lambda p: (p.cost_usd_per_question, -p.accuracy)) if eligible else None
+
+
+def method_and_baselines(
+    tasks: Sequence[Task], workers: Sequence, correct: Sequence[float], cost_usd: Sequence[float]
+) -> dict:
+    """A method's accuracy and mean cost per question (`correct`, `cost_usd`: one per answer), beside the exact
+    baselines of the recorded `workers` on the same `tasks`: what an evaluation summary reports on a recorded world."""
+    if not correct or len(correct) != len(cost_usd):
+        raise ValueError(f"need one correct and one cost per answer, got {len(correct)} and {len(cost_usd)}")
+    o = outcomes(tasks, workers)
+    return {
+        "accuracy": float(np.mean(correct)),
+        "cost_usd_per_question": float(np.mean(cost_usd)),
+        "baselines": {
+            "best_single": {"route": best_single(o).route, **best_single(o).summary()},
+            "cheapest": {"route": cheapest_single(o).route, **cheapest_single(o).summary()},
+            "per_task_best": {"route": per_task_best(o).route, **per_task_best(o).summary()},
+            "oracle": oracle(o).summary(),
+        },
+    }

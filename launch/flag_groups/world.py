@@ -26,7 +26,8 @@ _TASKS = flags.DEFINE_list(
     "tasks", [],
     "Training tasks. replay: RouterDC file stems (e.g. mmlu_train,gsm8k-train); local: one env.tasks name; "
     "paper: name or name:path entries (math500, mmlu, rlpr, livecodebench); orchestration: one split (train, "
-    "validation, test); zeroeval: ZeroEval tasks (gsm, math-l5, crux). Empty: the world's default.",
+    "validation, test); zeroeval: ZeroEval tasks (gsm, math-l5, crux; default all) and one split (train, the "
+    "default; test; all). Empty: the world's default.",
 )
 _TASK_LIMIT = flags.DEFINE_integer("task_limit", None, "At most this many questions per task file.")
 _DATA_DIR = flags.DEFINE_string(
@@ -57,11 +58,7 @@ _ADOPT_RATE = flags.DEFINE_float("adopt_rate", 0.5, "Adoption probability of the
 _LOCAL_WORKERS = flags.DEFINE_integer("local_workers", 2, "SmolLM2-135M-Instruct workers in the local world.")
 
 
-_ZEROEVAL_SPLIT = flags.DEFINE_enum(
-    "zeroeval_split", "train", ["train", "test", "all"],
-    "zeroeval world: which fixed half of each task (env.tasks.zeroeval.split_indices, seed 0) to use; the test half "
-    "is for reporting only.",
-)
+_ZEROEVAL_SPLITS = ("train", "test", "all")
 _ZEROEVAL_TOKENIZER = flags.DEFINE_enum(
     "zeroeval_tokenizer", "cl100k_base", list(TOKENIZERS),
     "zeroeval world: how the recorded prompts and outputs are counted into tokens for their cost.",
@@ -119,10 +116,16 @@ def _paper(tasks: Sequence[str], answer_model: AnswerModel) -> PaperWorldConfig:
 
 
 def _zeroeval(tasks: Sequence[str], answer_model: AnswerModel) -> ZeroEvalWorldConfig:
+    """`tasks`: ZeroEval task names (default all three) and at most one split name (train, the default; test; all),
+    so that --tasks=train and --eval_tasks=test name the two halves."""
     del answer_model  # a record answers the same whatever the call reads
+    splits = [entry for entry in tasks if entry in _ZEROEVAL_SPLITS]
+    if len(splits) > 1:
+        raise ValueError(f"zeroeval: name at most one split of {', '.join(_ZEROEVAL_SPLITS)}, got {splits}")
+    names = tuple(entry for entry in tasks if entry not in _ZEROEVAL_SPLITS) or zeroeval.ZEROEVAL_TASKS
     directory = str(zeroeval.data_dir(_DATA_DIR.value)) if _DATA_DIR.value else None
     return ZeroEvalWorldConfig(
-        tasks=tuple(tasks) or zeroeval.ZEROEVAL_TASKS, split=_ZEROEVAL_SPLIT.value, data_dir=directory,
+        tasks=names, split=splits[0] if splits else "train", data_dir=directory,
         limit_per_task=_TASK_LIMIT.value, seed=shared.SEED.value, tokenizer=_ZEROEVAL_TOKENIZER.value,
         o1_mini_output_factor=_O1_MINI_OUTPUT_FACTOR.value, latency_s=_WORKER_LATENCY.value,
     )

@@ -9,6 +9,9 @@ import pytest
 
 from env import frontier
 from env.frontier import Outcomes, Point
+from env.tasks.base import Task
+from env.tasks.graders import grade_exact
+from env.workers.base import WorkerError, WorkerReply
 
 
 def tiny() -> Outcomes:
@@ -81,3 +84,35 @@ def test_outcomes_reject_inconsistent_shapes_and_costs():
         Outcomes(o.models, o.domains, np.array([0, 0, 1, 2]), o.correct, o.cost_usd)
     with pytest.raises(ValueError, match="finite and >= 0"):
         Outcomes(o.models, o.domains, o.domain_of, o.correct, -o.cost_usd)
+
+
+class _Fixed:
+    """A recorded worker stand-in: answers `answers[task.id]` at `cost`; a missing answer fails the call."""
+
+    def __init__(self, name, answers, cost):
+        self.name, self.answers, self.cost = name, answers, cost
+
+    def reply(self, task):
+        if task.id not in self.answers:
+            raise WorkerError(f"{self.name}: no record of {task.id}")
+        return WorkerReply(f"<answer>{self.answers[task.id]}</answer>", 1, 1, self.cost, 0.0)
+
+
+def test_a_methods_summary_sits_beside_the_exact_baselines_of_the_same_questions():
+    tasks = [Task(f"t/{i}", domain, "q", "right", grade_exact) for i, domain in enumerate("aabb")]
+    workers = [
+        _Fixed("m0", {"t/0": "right", "t/1": "right", "t/2": "wrong", "t/3": "right"}, 3.0),
+        _Fixed("m1", {"t/0": "wrong", "t/1": "wrong", "t/2": "right"}, 1.0),  # no record of t/3: wrong, no cost
+    ]
+    o = frontier.outcomes(tasks, workers)
+    assert o.correct.tolist() == [[True, False], [True, False], [False, True], [True, False]]
+    assert o.cost_usd[:, 1].tolist() == [1.0, 1.0, 1.0, 0.0]
+    figures = frontier.method_and_baselines(tasks, workers, [1.0, 0.0, 1.0, 1.0], [3.0, 1.0, 1.0, 3.0])
+    assert (figures["accuracy"], figures["cost_usd_per_question"]) == (0.75, 2.0)
+    assert figures["baselines"]["best_single"] == {"route": "m0", "accuracy": 0.75, "cost_usd_per_question": 3.0}
+    # b: each model right once; m1 is cheaper there (its failed call on t/3 costs nothing)
+    assert figures["baselines"]["per_task_best"] == {"route": "a: m0, b: m1", "accuracy": 0.75,
+                                                     "cost_usd_per_question": (3 + 3 + 1 + 0) / 4}
+    assert figures["baselines"]["oracle"] == {"accuracy": 1.0, "cost_usd_per_question": (3 + 3 + 1 + 3) / 4}
+    with pytest.raises(ValueError, match="one correct and one cost per answer"):
+        frontier.method_and_baselines(tasks, workers, [1.0], [])

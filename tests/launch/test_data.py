@@ -172,9 +172,12 @@ def test_a_zeroeval_file_that_differs_from_its_pin_fails_the_fetch_loudly(zeroev
 @pytest.mark.usefixtures("parsed_flags")
 def test_data_dir_feeds_the_zeroeval_world(tmp_path, isolated):
     (tmp_path / "zeroeval").mkdir()
-    with flagsaver.flagsaver(world="zeroeval", data_dir=str(tmp_path), zeroeval_split="test"):
-        config = world_flags.from_flags(["gsm", "crux"])
+    with flagsaver.flagsaver(world="zeroeval", data_dir=str(tmp_path)):
+        config = world_flags.from_flags(["gsm", "test", "crux"])
     assert (config.tasks, config.data_dir, config.split) == (("gsm", "crux"), str(tmp_path / "zeroeval"), "test")
     with flagsaver.flagsaver(world="zeroeval", o1_mini_output_factor=5.0):
         config = world_flags.from_flags([])
-    assert config.tasks == zeroeval.ZEROEVAL_TASKS and config.data_dir is None and config.o1_mini_output_factor == 5
+    assert config.tasks == zeroeval.ZEROEVAL_TASKS and config.data_dir is None and config.split == "train"
+    assert config.o1_mini_output_factor == 5
+    with flagsaver.flagsaver(world="zeroeval"), pytest.raises(ValueError, match="at most one split"):
+        world_flags.from_flags(["train", "test"])
