@@ -66,7 +66,7 @@ _uid_lock = threading.Lock()
 KERNEL_LAYERS = ("bwrap", "unshare")
 # The working directory inside a kernel layer: a size-capped tmpfs of the sandbox's own mount namespace.
 _WORKDIR = "/sandbox"
-# How often the watchdog adds up a running sandbox's resident memory (a /proc scan, about 1.5 ms here).
+# How often the watchdog looks at the running sandboxes (one /proc scan for all of them, about 1.5 ms here).
 _WATCH_S = 0.025
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 # Classic BPF for seccomp (<linux/filter.h>, <linux/seccomp.h>, <linux/audit.h>): per machine, the AUDIT_ARCH of
@@ -286,9 +286,8 @@ class _Sandboxed:
             self._remove_directories()
             raise
         self.held_mb: float | None = None
-        self._stopped = threading.Event()
-        self._watchdog = threading.Thread(target=self._watch, daemon=True)
-        self._watchdog.start()
+        self.deadline = time.monotonic() + limits.wall_s
+        _WATCHDOG.watch(self)
 
     def _start(
         self, layer: str, source: str, files: Mapping[str, str], argv: Sequence[str], stdin: str | None
@@ -346,22 +345,6 @@ class _Sandboxed:
                 close_fds=True, pass_fds=inherited,
             )
 
-    def _watch(self) -> None:
-        """Kills the sandbox at `limits.wall_s` after its start (`expired`), or as soon as its processes together
-        hold more than `limits.memory_mb` resident (`held_mb`; RLIMIT_AS bounds each process alone), looking every
-        `_WATCH_S` while it runs."""
-        deadline = time.monotonic() + self.limits.wall_s
-        while not self._stopped.wait(max(0.0, min(_WATCH_S, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                self._kill(expired=True)
-                return
-            held = _resident_bytes_under(self.process.pid)
-            if held > self.limits.memory_mb << 20:
-                self._kill(held_mb=held / (1 << 20))
-                return
-            if self.process.poll() is not None:
-                return
-
     def _kill(self, expired: bool = False, held_mb: float | None = None) -> None:
         with self._lock:
             if self._closed:
@@ -374,7 +357,7 @@ class _Sandboxed:
             if self._closed:
                 return
             self._closed = True
-        self._stopped.set()
+        _WATCHDOG.forget(self)
         try:
             _kill_everything(self.process, self.uid)
             for pipe in (self.process.stdin, self.process.stdout):
@@ -563,9 +546,67 @@ def _remove_tree(path: Path) -> None:
         _logger.error("sandbox: could not remove %s; it stays on disk", path)
 
 
-def _resident_bytes_under(root: int) -> int:
-    """Resident memory of `root` and every live descendant together (a sandbox's processes; pages shared between
-    them count once per process, so this errs high)."""
+class _Watchdog:
+    """One thread for every running sandbox, with one /proc scan a round however many there are: every `_WATCH_S`
+    it kills each sandbox past its deadline (`expired`) and each whose processes together hold more than
+    `limits.memory_mb` resident (`held_mb`; RLIMIT_AS bounds each process alone). It runs while any sandbox does."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watched: set[_Sandboxed] = set()
+        self._running = False
+
+    def watch(self, sandboxed: _Sandboxed) -> None:
+        with self._lock:
+            self._watched.add(sandboxed)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, daemon=True).start()
+
+    def forget(self, sandboxed: _Sandboxed) -> None:
+        with self._lock:
+            self._watched.discard(sandboxed)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(_WATCH_S)
+            with self._lock:
+                if not self._watched:
+                    self._running = False
+                    return
+                watched = list(self._watched)
+            tree = _process_tree()
+            now = time.monotonic()
+            for sandboxed in watched:
+                held = _resident_bytes_under(sandboxed.process.pid, tree)
+                if now >= sandboxed.deadline:
+                    reason: dict = {"expired": True}
+                elif held > sandboxed.limits.memory_mb << 20:
+                    reason = {"held_mb": held / (1 << 20)}
+                else:
+                    continue
+                self.forget(sandboxed)
+                # Killing waits for the sandbox's processes to go; the other sandboxes stay watched meanwhile.
+                threading.Thread(target=sandboxed._kill, kwargs=reason, daemon=True).start()
+
+
+_WATCHDOG = _Watchdog()
+
+
+def _resident_bytes_under(root: int, tree: tuple[dict[int, list[int]], dict[int, int]]) -> int:
+    """Resident memory of `root` and every live descendant together in `tree` (`_process_tree`): a sandbox's
+    processes; pages shared between them count once per process, so this errs high."""
+    children, resident = tree
+    total, pending = resident.get(root, 0), list(children.get(root, []))
+    while pending:
+        pid = pending.pop()
+        total += resident.get(pid, 0)
+        pending.extend(children.get(pid, []))
+    return total * _PAGE_BYTES
+
+
+def _process_tree() -> tuple[dict[int, list[int]], dict[int, int]]:
+    """Every process's children, and its resident pages (0 for a zombie)."""
     children: dict[int, list[int]] = {}
     resident: dict[int, int] = {}
     for name in os.listdir("/proc"):
@@ -578,12 +619,7 @@ def _resident_bytes_under(root: int) -> int:
             continue
         children.setdefault(int(fields[1]), []).append(int(name))
         resident[int(name)] = int(fields[21]) if fields[0] != b"Z" else 0
-    total, pending = resident.get(root, 0), list(children.get(root, []))
-    while pending:
-        pid = pending.pop()
-        total += resident.get(pid, 0)
-        pending.extend(children.get(pid, []))
-    return total * _PAGE_BYTES
+    return children, resident
 
 
 def _kill_everything(process: subprocess.Popen, uid: int | None) -> None:
