@@ -7,8 +7,8 @@ import pytest
 
 from launch.host_memory import retain_freed_memory
 
-# Every pytest process answers SIGUSR1 (.ci/run's outer time limit) with its threads' stacks.
-pytest_plugins = ["tests.fail_fast"]
+# Time limits with stacks (tests/fail_fast.py) and `--cpu-durations` (tests/cpu_durations.py).
+pytest_plugins = ["tests.fail_fast", "tests.cpu_durations"]
 
 # As the entry points do, before JAX and torch start their threads: XLA's freed buffers stay mapped between calls.
 retain_freed_memory()
