@@ -25,7 +25,7 @@ def _loss_and_grads(config: ModelConfig):
         hidden = model(TOKENS, POSITIONS, ATTENTION_MASK)
         return jnp.sum(jnp.where(ATTENTION_MASK[..., None] == 1, hidden, 0.0) ** 2)
 
-    return nnx.value_and_grad(loss)(model)
+    return nnx.jit(nnx.value_and_grad(loss))(model)  # one compile, not one per operation
 
 
 def test_the_fused_attention_path_matches_the_einsum_path_in_values_and_gradients(monkeypatch):
