@@ -29,6 +29,7 @@ from typing import Any
 
 from absl import app, flags
 
+from env import frontier
 from launch import console, distributed
 from launch.baselines import orchestration_figures
 from launch.conductor import load_conductor, save_trained_sampling
@@ -91,6 +92,10 @@ def greedy_eval(generator: Generator, tokenizer: Any, sampling: SamplingParams) 
     summary = summarize(outcomes, [worker.name for worker in eval_env.world.pool])
     if eval_env.world.orchestration is not None:
         summary.update(orchestration_figures(eval_env.world.orchestration, eval_env.world.tasks, outcomes))
+    if eval_env.world.name == "zeroeval":
+        summary.update(frontier.method_and_baselines(
+            eval_env.world.tasks, eval_env.world.pool, [o.metrics["correct"] for o in outcomes],
+            [o.metrics.get("cost_usd", 0.0) for o in outcomes]))
     return summary
 
 
