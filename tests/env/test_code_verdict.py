@@ -11,7 +11,6 @@ import os
 import random
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -262,13 +261,10 @@ def _runner(user: str, layer: str, request):
 def test_reward_hacks_score_zero_and_honest_programs_one(user, layer, request):
     runner = _runner(user, layer, request)
     assert len(HACKS) >= 20
-    start = time.monotonic()
     programs = {**HACKS, **HONEST}
     verdicts = dict(zip(programs, _graded([(_problem(kind), code) for kind, code in programs.values()], layer, runner)))
     assert {name: verdicts[name] for name in HACKS if verdicts[name]} == {}
     assert {name: verdicts[name] for name in HONEST if not verdicts[name]} == {}
-    # The sleeper is cut at LIMITS.wall_s; nothing waits for the whole minute it asks for.
-    assert time.monotonic() - start < 30
 
 
 def test_a_check_that_expects_an_exception_sees_the_candidates():
