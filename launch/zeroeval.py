@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -27,14 +28,24 @@ from env import frontier, text_router
 from env.tasks import zeroeval
 from env.workers.recorded import TOKENIZERS, ZEROEVAL_PRICES, RecordedWorker, count_tokens
 
-_OUT_DIR = flags.DEFINE_string("out_dir", "runs/zeroeval", "Where results.json and results.md go.")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "Data root holding zeroeval/ (default: the lookup order).")
+# Own FlagValues, as launch.data's: --data_dir and --out_dir are also the launchers' flags, and a process that
+# imports both (a test session) must not define them twice.
+ZEROEVAL_FLAGS = flags.FlagValues()
+_OUT_DIR = flags.DEFINE_string(
+    "out_dir", "runs/zeroeval", "Where results.json and results.md go.", flag_values=ZEROEVAL_FLAGS
+)
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", None, "Data root holding zeroeval/ (default: the lookup order).", flag_values=ZEROEVAL_FLAGS
+)
 _O1_FACTORS = flags.DEFINE_list(
     "o1_mini_output_factors", ["1", "5"],
     "Multipliers of o1-mini's counted output tokens (its hidden reasoning is billed but not recorded); 1 counts only "
     "the visible text.",
+    flag_values=ZEROEVAL_FLAGS,
 )
-_SPLIT_SEED = flags.DEFINE_integer("split_seed", 0, "Seed of the train/test split (env.tasks.zeroeval).")
+_SPLIT_SEED = flags.DEFINE_integer(
+    "split_seed", 0, "Seed of the train/test split (env.tasks.zeroeval).", flag_values=ZEROEVAL_FLAGS
+)
 _O1_MINI = "o1-mini-2024-09-12"
 
 
@@ -191,5 +202,15 @@ def main(argv: list[str]) -> None:
     print(text)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    if any(arg in ("-h", "--help", "--helpfull") for arg in argv[1:]):
+        print(__doc__)
+        print(ZEROEVAL_FLAGS.get_help())
+        sys.exit(0)
+    rest = ZEROEVAL_FLAGS(argv)
+    flags.FLAGS.mark_as_parsed()  # absl's own flags (logging) keep their defaults
+    return rest
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
