@@ -25,7 +25,7 @@ def run_pytest(directory: pathlib.Path, stuck_test: str, *options: str, time_lim
         (directory / f"test_passing_{i}.py").write_text(PASSING)
     command = [
         sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "--rootdir", str(directory),
-        "-p", "tests.fail_fast", "-n", "2", *options, str(directory),
+        "-p", "tests.fail_fast", "-p", "tests.cpu_durations", "-n", "2", *options, str(directory),
     ]
     if time_limit is not None:
         command = [str(REPO / ".ci" / "with_time_limit"), str(time_limit), *command]
