@@ -8,6 +8,7 @@ import functools
 import re
 from typing import Any, Sequence
 
+from conductor.advantages import ROUTE
 from env.gym_env import ConductorEnv, Scored
 from env.workflow import AccessMode, Step, Workflow, render_workflow
 from models.tokenizer import render_chat
@@ -79,13 +80,14 @@ class TokenizedConductorEnv:
         self.tokenizer = tokenizer
         self.tasks = env.world.tasks
         self.num_questions = len(self.tasks)
-        self.question_strata = [task.domain for task in self.tasks]
+        self.question_labels = [task.domain for task in self.tasks]
         self._prompts: dict[int, list[int]] = {}
 
     @functools.cached_property
     def route_token_ids(self) -> tuple[int, ...]:
         """The tokens that can write the first digit of a workflow's first worker id, over the pool: the token
-        `worker_id_tokens` finds in each worker's one-step workflow (`rl.losses.LossConfig.route_token_ids`)."""
+        `worker_id_tokens` finds in each worker's one-step workflow (the route entropy term's `token_ids`,
+        `conductor.losses.route_entropy`)."""
         choices = set()
         for worker in range(len(self.env.world.pool)):
             ids = completion_ids(self, Workflow(steps=(Step(worker=worker, instruction="Answer."),)))
@@ -128,9 +130,11 @@ class TokenizedConductorEnv:
                 Rollout(
                     reward=result.reward,
                     metrics=metrics,
-                    workers=workers,
+                    labels={ROUTE: workers or None},
                     # A list the parser read in another form than the pattern's gives no decision tokens.
-                    route_tokens=route_tokens if len(route_tokens) == len(workers) else (),
+                    marked_tokens={ROUTE: route_tokens if len(route_tokens) == len(workers) else ()},
+                    record={"workers": list(workers)},
+                    histograms={"workers_chosen": workers},
                     context=result,
                     followup_prompt_ids=followup,
                 )

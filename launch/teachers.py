@@ -193,7 +193,7 @@ def world_examples(
     """
     pool_size = len(environment.env.world.pool)
     labels = domain_labels(environment) if probe else None
-    strata = environment.question_strata if config.stratify_questions else None
+    strata = environment.question_labels if config.stratify_questions else None
     questions, completions = [], []
     for question in question_order(environment.num_questions, rng.randrange(2**31), 0, -(-count // pool_size), strata):
         workflow = with_reasoning(random_template(pool_size, rng, config.templates), environment, question, config)

@@ -41,7 +41,7 @@ def warm_start(
 ) -> list[dict[str, float]]:
     """Fits the Conductor in place to `teacher`'s examples for `steps` steps; returns per-step metrics."""
     rng = random.Random(trainer_config.seed)
-    probe = trainer_config.probe_classes > 0
+    probe = trainer_config.head is not None
     batch_size = trainer_config.batch_size
     examples = teacher_examples(teacher, environment, steps * batch_size, rng, probe)
     if teacher.teacher == "world":

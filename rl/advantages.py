@@ -6,23 +6,28 @@ is one function and one registry line. `compute` is the single entry point the t
 
 An estimator's keyword-only parameters are its options (grpo's `std_scaling`, reinforce_pp's `whiten`): `compute`
 takes them as a mapping and checks each against the estimator's signature, its name and its annotation (a `Literal`
-lists the accepted values), so a hyperparameter is one keyword-only parameter with a default. `lengths` and `strata`
-are not options but data: an estimator that declares one is given the completion lengths or the completions' strata
-(a label per completion, its question's task domain), required unless the parameter defaults to None (the
-REINFORCE++ estimators need lengths only to whiten per token, grpo needs strata only to scale per stratum).
+lists the accepted values; `rl.options`), so a hyperparameter is one keyword-only parameter with a default. `lengths`
+and `labels` are not options but data: an estimator that declares one is given the completion lengths or the
+completions' labels (one per completion, e.g. its question's task label), required unless the parameter defaults to
+None (the REINFORCE++ estimators need lengths only to whiten per token, grpo needs labels only to scale per label).
+
+Advantage transforms (`ADVANTAGE_TRANSFORMS`) run after the estimator, in the order a configuration lists them
+(`TransformConfig`, `apply_transforms`): each maps the batch's advantages (and what else the batch carries,
+`AdvantageBatch`) to new ones, and may scale the advantage on chosen completion tokens (`Transformed`). Options are
+checked as an estimator's are. A package above `rl` registers its own: one function and one registry line.
 """
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import inspect
-import types
-import typing
 from typing import Any, Callable, Hashable, Literal, Mapping, Sequence, get_args
 
 import numpy as np
 
-StdScaling = Literal["group", "batch", "stratum", "none"]
+from rl import options as option_checks
+
+StdScaling = Literal["group", "batch", "label", "none"]
 Whitening = Literal["token", "sequence"]
 
 
@@ -73,7 +78,7 @@ def grpo(
     rewards: np.ndarray,
     group_ids: np.ndarray,
     *,
-    strata: np.ndarray | None = None,
+    labels: np.ndarray | None = None,
     std_scaling: StdScaling = "group",
     eps: float = 1e-4,
 ):
@@ -81,11 +86,11 @@ def grpo(
 
     c_i = r_i - mean_{j in g(i)} r_j, and A_i = c_i / (sigma + eps) with sigma as `std_scaling` says: the group's
     std of r ("group", the original), the whole batch's std of r ("batch": Hu et al. 2025 argue it is less biased
-    towards easy/hard prompts), the std of c over the completions of i's stratum s(i) ("stratum"), or none (sigma = 1
-    and no eps, "none"); every std unbiased (ddof=1).
-    "stratum" gives every stratum (task domain) advantages of unit variance: a domain whose routes differ by a
-    little, or where most groups agree, pushes as hard as one with large, consistent differences, instead of being
-    outweighed by it through the parameters the domains share. It needs `strata`, a label per completion.
+    towards easy/hard prompts), the std of c over the completions that share i's label l(i) ("label"), or none
+    (sigma = 1 and no eps, "none"); every std unbiased (ddof=1).
+    "label" gives every label (a task, say) advantages of unit variance: a task whose completions differ by a little,
+    or where most groups agree, pushes as hard as one with large, consistent differences, instead of being
+    outweighed by it through the parameters the tasks share. It needs `labels`, one per completion.
     """
     index, num_groups = _group_index(group_ids)
     centred = rewards - _group_mean(rewards, index, num_groups)
@@ -94,11 +99,11 @@ def grpo(
     if std_scaling == "batch":
         std = rewards.std(ddof=1) if rewards.size > 1 else 0.0
         return centred / (std + eps)
-    if std_scaling == "stratum":
-        if strata is None:
-            raise ValueError("std_scaling='stratum' needs the completions' strata (a label per completion)")
-        stratum_index, num_strata = _group_index(np.asarray(strata))
-        return centred / (_group_std(centred, stratum_index, num_strata) + eps)
+    if std_scaling == "label":
+        if labels is None:
+            raise ValueError("std_scaling='label' needs the completions' labels (one per completion)")
+        label_index, num_labels = _group_index(np.asarray(labels))
+        return centred / (_group_std(centred, label_index, num_labels) + eps)
     if std_scaling == "none":
         return centred
     raise ValueError(f"std_scaling must be one of {get_args(StdScaling)}, got {std_scaling!r}")
@@ -186,58 +191,21 @@ ESTIMATORS: dict[str, Estimator] = {
 
 # Keyword-only parameters that `compute` fills from the batch rather than from options: what each holds (for its
 # error) and the dtype it is given in (None: as passed).
-_DATA_PARAMETERS = {"lengths": ("completion lengths", np.float64), "strata": ("the completions' strata", None)}
+_DATA_PARAMETERS = {"lengths": ("completion lengths", np.float64), "labels": ("the completions' labels", None)}
 
 
 def accepted_options(name: str) -> dict[str, Any]:
-    """The options estimator `name` takes (its keyword-only parameters but `lengths` and `strata`), each with its
+    """The options estimator `name` takes (its keyword-only parameters but `lengths` and `labels`), each with its
     default."""
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}")
-    return {
-        parameter.name: parameter.default
-        for parameter in inspect.signature(ESTIMATORS[name]).parameters.values()
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.name not in _DATA_PARAMETERS
-    }
+    return option_checks.accepted_options(ESTIMATORS[name], _DATA_PARAMETERS)
 
 
-def _has_type(value: Any, annotation: Any) -> bool:
-    """Whether `value` fits an option's annotation: a Literal's values, bool, int, float (an int fits), str, None,
-    or a union of those."""
-    if typing.get_origin(annotation) is Literal:
-        return value in typing.get_args(annotation)
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return any(_has_type(value, member) for member in typing.get_args(annotation))
-    if annotation is type(None):
-        return value is None
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation in (bool, str):
-        return isinstance(value, annotation)
-    raise TypeError(
-        f"an estimator option annotated {annotation!r} cannot be checked; use a Literal, bool, int, float, str or None"
-    )
-
-
-def check_options(name: str, options: Mapping[str, Any]) -> None:
+def check_options(name: str, values: Mapping[str, Any]) -> None:
     """Raises ValueError unless every option is one estimator `name` takes, with a value its annotation accepts."""
-    accepted = accepted_options(name)
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise ValueError(
-            f"advantage estimator {name!r} takes no option {', '.join(map(repr, unknown))}; it takes "
-            f"{sorted(accepted) or 'none'}"
-        )
-    hints = typing.get_type_hints(ESTIMATORS[name])
-    for option, value in options.items():
-        if not _has_type(value, hints[option]):
-            choices = typing.get_args(hints[option]) or getattr(hints[option], "__name__", hints[option])
-            raise ValueError(
-                f"advantage estimator {name!r}: option {option!r} must be {choices}, got {value!r}; it takes "
-                f"{sorted(accepted)}"
-            )
+    accepted_options(name)
+    option_checks.check_options("advantage estimator", name, ESTIMATORS[name], values, _DATA_PARAMETERS)
 
 
 def options_for(name: str, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -261,13 +229,13 @@ def compute(
     group_ids,
     *,
     lengths=None,
-    strata=None,
+    labels=None,
     options: Mapping[str, Any] | None = None,
 ) -> np.ndarray:
     """Advantages[N] (float32) of estimator `name` for rewards[N] grouped by group_ids[N].
 
     `options` are the estimator's own keyword arguments (for example `{"std_scaling": "batch"}` for grpo), checked
-    by `check_options`. `lengths[N]` (completion lengths) and `strata[N]` (a label per completion) reach the
+    by `check_options`. `lengths[N]` (completion lengths) and `labels[N]` (one per completion) reach the
     estimators that declare them.
     """
     options = dict(options or {})
@@ -282,7 +250,7 @@ def compute(
         raise ValueError("rewards must be finite")
     estimator = ESTIMATORS[name]
     parameters = inspect.signature(estimator).parameters
-    for data_name, value in (("lengths", lengths), ("strata", strata)):
+    for data_name, value in (("lengths", lengths), ("labels", labels)):
         parameter = parameters.get(data_name)
         if parameter is None or (value is None and parameter.default is not inspect.Parameter.empty):
             continue
@@ -296,103 +264,93 @@ def compute(
     return np.asarray(estimator(rewards, group_ids, **options), dtype=np.float32)
 
 
-def _route_means(advantages, keys: Sequence[Hashable | None]) -> np.ndarray:
-    """Each row's mean advantage over the rows that share its key; a row whose key is None keeps its own."""
-    means = advantages.copy()
-    rows_of = collections.defaultdict(list)
-    for row, key in enumerate(keys):
-        if key is not None:
-            rows_of[key].append(row)
-    for rows in rows_of.values():
-        means[rows] = advantages[rows].mean()
-    return means
+# -- advantage transforms: (AdvantageBatch, **options) -> advantages [N] or Transformed. They run after the estimator
+# (and after `credit_lone_later_rounds`), in the order `LoopConfig.advantage_transforms` lists them, each on the
+# previous one's advantages.
 
 
-def _checked_route_adjustment(advantages, routes: Sequence[Hashable | None], fraction: float) -> np.ndarray:
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"the fraction must lie in [0, 1], got {fraction}")
-    advantages = np.asarray(advantages, dtype=np.float32)
-    if advantages.ndim != 1 or len(routes) != advantages.size:
-        raise ValueError(f"{len(routes)} routes for advantages of shape {advantages.shape}")
-    return advantages
+@dataclasses.dataclass(frozen=True)
+class AdvantageBatch:
+    """What a transform reads, one entry per row of the iteration's batch.
 
-
-def balance_routes(advantages, routes: Sequence[Hashable | None], fraction: float = 1.0) -> np.ndarray:
-    """Each completion's advantage minus a fraction of the mean advantage of its route over the batch.
-
-    A'_i = A_i - lambda * mean_{j: route_j = route_i} A_j with lambda = `fraction` in [0, 1]; a completion without a
-    route (`None`: no valid workflow) keeps A_i.
-    Why: the policy's decision state has a part that every stratum (task domain) shares, and that part is pushed
-    towards each route by the sum of the route's advantages over the whole batch, so a route that pays well in one
-    stratum is pushed up in all of them. Balanced, that sum is zero for every route: a stratum learns only how much
-    more or less a route pays there than across the batch. The price: a route that is best everywhere is not learned
-    as such, and a batch of one stratum learns nothing; a probe of the spillover between strata, not a default.
-    A fraction between 0 and 1 trades the two: with strata whose decision states share a part rho of their direction,
-    the push a route gets in one stratum from the others' advantages and the bias lambda puts on its own contrasts
-    cancel at one lambda, which grows with rho (for F strata of equal similarity, lambda = F rho / (1 + (F - 1) rho)).
+    advantages: [N] float32, the estimator's (and the earlier transforms').
+    rewards, group_ids: [N], what the estimator read.
+    question_labels: [N], the label of each row's question (`rl.loop.Environment.question_labels`); None when the
+        environment has none.
+    labels: the environment's labels of each row by name (`rl.loop.Rollout.labels`): `labels[name][i]` is row i's,
+        None where the row has none.
+    marked_tokens: the completion tokens the environment marks in each row by name (`rl.loop.Rollout.marked_tokens`):
+        `marked_tokens[name][i]` are indices into row i's completion (empty where it has none).
+    sampler_logprobs: each row's sampler log-probs, one per completion token.
     """
-    advantages = _checked_route_adjustment(advantages, routes, fraction)
-    routed = [route is not None for route in routes]
-    return np.where(routed, advantages - fraction * _route_means(advantages, routes), advantages).astype(np.float32)
+
+    advantages: np.ndarray
+    rewards: np.ndarray
+    group_ids: np.ndarray
+    question_labels: np.ndarray | None = None
+    labels: Mapping[str, Sequence[Hashable | None]] = dataclasses.field(default_factory=dict)
+    marked_tokens: Mapping[str, Sequence[Sequence[int]]] = dataclasses.field(default_factory=dict)
+    sampler_logprobs: Sequence[Sequence[float]] = ()
 
 
-def pool_routes_by_stratum(
-    advantages, routes: Sequence[Hashable | None], strata: Sequence[Hashable], fraction: float = 1.0
-) -> np.ndarray:
-    """Each completion's advantage moved a fraction of the way to its route's mean advantage within its stratum.
+@dataclasses.dataclass(frozen=True)
+class Transformed:
+    """A transform's result: the rows' new advantages [N], and optionally a factor for the advantage on chosen
+    completion tokens (`token_indices[i][k]` of row i scaled by `token_factors[i][k]`, applied to the batch's final
+    advantages: `rl.trajectories.Trajectories.scaled_token_advantages`) and scalars to log as `advantage/<name>`."""
 
-    A'_i = (1 - lambda) A_i + lambda * mean_{j: stratum_j = stratum_i, route_j = route_i} A_j with lambda = `fraction`
-    in [0, 1]; a completion without a route (`None`) keeps A_i.
-    Why: a question's own advantage says which worker did best on that question, and a policy that routes question
-    by question fits those per-question wins on the train file. Where two workers are near-equal over a stratum (a
-    task domain), the wins a question's draws give it are noise that does not carry to unseen questions, and the
-    greedy routes of the test file end split between the two at random. Pooled (lambda = 1), every completion of a
-    stratum that took a route carries that route's lead over the stratum's batch: the stratum moves as one, as a
-    bandit over its workers would, and settles on one worker. A route's sum of advantages over the batch, and so the
-    push on the part of the decision state that the strata share, is the same as without pooling. The price: where
-    the best worker differs from question to question within a stratum in a way the policy could learn, pooling
-    hides it.
-    """
-    advantages = _checked_route_adjustment(advantages, routes, fraction)
-    if len(strata) != advantages.size:
-        raise ValueError(f"{len(strata)} strata for advantages of shape {advantages.shape}")
-    keys = [None if route is None else (stratum, route) for route, stratum in zip(routes, strata)]
-    return ((1.0 - fraction) * advantages + fraction * _route_means(advantages, keys)).astype(np.float32)
+    advantages: np.ndarray
+    token_indices: Sequence[Sequence[int]] | None = None
+    token_factors: Sequence[Sequence[float]] | None = None
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.token_indices is None) != (self.token_factors is None):
+            raise ValueError("Transformed.token_indices and token_factors come together or not at all")
 
 
-RouteWeighting = Literal["none", "inverse_propensity"]
+AdvantageTransform = Callable[..., "np.ndarray | Transformed"]
+
+# Filled by the packages that define transforms (e.g. `conductor.advantages`); rl defines none of its own.
+ADVANTAGE_TRANSFORMS: dict[str, AdvantageTransform] = {}
 
 
-def inverse_propensity_route_weights(
-    route_logprobs: Sequence[Sequence[float]], cap: float
-) -> list[np.ndarray]:
-    """Weights for the advantage on each token that writes a worker id: the inverse of the sampler's probability of
-    that token, self-normalised over the batch's route tokens and capped.
+@dataclasses.dataclass(frozen=True)
+class TransformConfig:
+    """One advantage transform of a run: a name in `ADVANTAGE_TRANSFORMS` and its options (keyword-only parameters),
+    checked here."""
 
-        w_t = min(cap, (1 / pi_t) / mean_s (1 / pi_s)),   pi_t = exp(the sampler's log-prob of route token t)
+    name: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-    `route_logprobs[i]` holds row i's route tokens' sampler log-probs (none for a row without a workflow).
-    Why: the expected policy-gradient step on a route's logit is pi(r) (A(r) - E_pi[A]), so a route the policy
-    samples rarely moves slowly whatever it earns, and a good route the warm-start happens to disfavour can lose its
-    share before it is sampled often enough to be told apart (softmax policy gradient's slow escape from a poor
-    start, Mei et al. 2020). Weighted, a sampled route's token carries A(r) / pi(r), so in expectation every route's
-    logit moves by its own advantage, as if the routes had been drawn uniformly. A policy near one route is still
-    drawn back to it only if that route has the highest expected reward (a rarer, better route sampled there has a
-    positive advantage, now weighted up). The self-normalisation sets the batch's mean weight to 1 before the cap,
-    so the update's scale stays near that of the unweighted loss; the cap bounds the variance a very unlikely sample
-    adds.
-    """
-    if not cap >= 1.0:
-        raise ValueError(f"the route weight cap must be >= 1 (1 leaves every weight at most the mean), got {cap}")
-    arrays = [np.asarray(row, dtype=np.float64).reshape(-1) for row in route_logprobs]
-    every = np.concatenate(arrays) if arrays else np.zeros(0)
-    if not np.all(np.isfinite(every)):
-        raise ValueError("route tokens' sampler log-probs must be finite")
-    if every.size == 0:
-        return [np.zeros(0, dtype=np.float32) for _ in arrays]
-    # In log space: a token sampled at a log-prob of -800 has an inverse probability no float holds.
-    log_mean_inverse = np.logaddexp.reduce(-every) - np.log(every.size)
-    return [np.exp(np.minimum(np.log(cap), -row - log_mean_inverse)).astype(np.float32) for row in arrays]
+    def __post_init__(self) -> None:
+        if self.name not in ADVANTAGE_TRANSFORMS:
+            raise ValueError(f"unknown advantage transform {self.name!r}; known: {sorted(ADVANTAGE_TRANSFORMS)}")
+        option_checks.check_options("advantage transform", self.name, ADVANTAGE_TRANSFORMS[self.name], self.options)
+
+
+def apply_transforms(
+    transforms: Sequence[TransformConfig], batch: AdvantageBatch
+) -> tuple[np.ndarray, list[tuple[Sequence[Sequence[int]], Sequence[Sequence[float]]]], dict[str, float]]:
+    """Runs `transforms` in order on `batch`: (the final advantages [N] float32, every token scaling the transforms
+    asked for in order, their metrics)."""
+    advantages = np.asarray(batch.advantages, dtype=np.float32)
+    scalings, metrics = [], {}
+    for transform in transforms:
+        result = ADVANTAGE_TRANSFORMS[transform.name](dataclasses.replace(batch, advantages=advantages),
+                                                      **transform.options)
+        if not isinstance(result, Transformed):
+            result = Transformed(result)
+        advantages = np.asarray(result.advantages, dtype=np.float32)
+        if advantages.shape != np.shape(batch.advantages):
+            raise ValueError(
+                f"advantage transform {transform.name!r} returned shape {advantages.shape} for "
+                f"{np.shape(batch.advantages)} rows"
+            )
+        if result.token_indices is not None:
+            scalings.append((result.token_indices, result.token_factors))
+        metrics.update(result.metrics)
+    return advantages, scalings, metrics
 
 
 def zero_variance_groups(rewards, group_ids) -> tuple[np.ndarray, int]:

@@ -21,10 +21,11 @@ import optax
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from models.logprobs import completion_predictors, state_entropy, token_logprobs
+from models.logprobs import completion_predictors, token_logprobs
 from models.sharding import batch_sharding, shard_model
 from rl import row_selection
-from rl.losses import LossConfig, aggregation_weights, domain_state_overlap, grpo_loss
+from rl.auxiliary import TermInputs
+from rl.losses import LossConfig, aggregation_weights, grpo_loss
 from rl.trajectories import Trajectories, take_columns
 
 OldLogprobs = Literal["recompute", "sampler"]
@@ -194,12 +195,12 @@ class ModelRows:
     prompt_block: int = struct.field(pytree_node=False, default=1)
 
 
-def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: int, config, state_positions=None):
-    """Log-probs and entropies [B, T], one row for each entry of `rows.source`, and with `state_positions` ([B],
-    completion token indices) the float32 state that predicts that token in each row ([B, H]) and, with the route
-    entropy bonus, the entropy it predicts over the loss's `route_token_ids` ([B], differentiable;
-    `models.logprobs.state_entropy`); None for what is not asked for. Columns before `completion_start` carry no
-    loss: they are 0, and their vocabulary logits are never computed."""
+def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: int, config, token_positions=None):
+    """Log-probs and entropies [B, T], one row for each entry of `rows.source`, and with `token_positions` (by name,
+    [B] completion token indices, -1: none) the state that predicts that token in each row ([B, H], the model's
+    dtype; a row without one takes the state before its first completion token) and the model itself, for the
+    auxiliary terms (`rl.auxiliary.TermInputs`); None for what is not asked for. Columns before `completion_start`
+    carry no loss: they are 0, and their vocabulary logits are never computed."""
     model = nnx.merge(graphdef, params, other_state)
     predicting = completion_predictors(
         model, rows.tokens, rows.positions, rows.attention_mask, completion_start, rows.prompt_block
@@ -214,13 +215,12 @@ def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: i
         entropy_gradient=config.loss.entropy_coef > 0,
     )
     logprobs, entropy = jax.tree.map(lambda x: jnp.pad(x[rows.source], ((0, 0), (completion_start, 0))), values)
-    if state_positions is None:
+    if token_positions is None:
         return logprobs, entropy, None, None
-    states = predicting[rows.source, state_positions]
-    entropies = None
-    if config.loss.route_entropy_coef:
-        entropies = state_entropy(model, states, temperature=config.temperature, token_ids=config.loss.route_token_ids)
-    return logprobs, entropy, states.astype(jnp.float32), entropies
+    states = {
+        name: predicting[rows.source, jnp.maximum(positions, 0)] for name, positions in token_positions.items()
+    }
+    return logprobs, entropy, states, model
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config", "completion_start", "num_micro_batches"))
@@ -251,19 +251,24 @@ def _train_step(
     num_micro_batches = batch.batch_size // (config.micro_batch_size or batch.batch_size)
 
     def micro_loss(params, micro: Trajectories, micro_rows: ModelRows, micro_weights, micro_ref):
-        logprobs, entropy, states, state_entropies = _forward(
+        positions = {name: micro.token_positions[name] for name in config.loss.token_positions_read}
+        logprobs, entropy, states, model = _forward(
             graphdef, params, other_state, micro_rows, micro.completion_start, config,
-            micro.route_positions if config.loss.reads_route_positions else None,
+            positions if config.loss.auxiliary_terms else None,
         )
         old_logprobs = jnp.where(on_policy, jax.lax.stop_gradient(logprobs), micro.old_logprobs)
-        route_entropy = None
-        if config.loss.route_entropy_coef:
-            route_entropy = jnp.where(micro.domains >= 0, state_entropies, 0.0)
-        state_overlap = None
-        if config.loss.domain_decorrelation_coef:
-            # Rows a step leaves out of the loss (padding, dropped groups) leave the domains' means too.
-            labels = jnp.where(micro.loss_mask.any(axis=1), micro.domains, -1)
-            state_overlap = domain_state_overlap(states, labels) / num_micro_batches
+        term_inputs = None
+        if config.loss.auxiliary_terms:
+            term_inputs = TermInputs(
+                model=model,
+                temperature=config.temperature,
+                states=states,
+                positions=positions,
+                row_labels={name: micro.row_labels[name] for name in config.loss.row_labels_read},
+                loss_mask=micro.loss_mask,
+                token_weights=micro_weights,
+                num_micro_batches=num_micro_batches,
+            )
         return grpo_loss(
             config.loss,
             logprobs=logprobs,
@@ -275,8 +280,7 @@ def _train_step(
             loss_mask=micro.loss_mask,
             token_weights=micro_weights,
             num_tokens=num_tokens,
-            route_entropy=route_entropy,
-            state_overlap=state_overlap,
+            term_inputs=term_inputs,
             step=optimizer_step,
         )
 
@@ -460,10 +464,15 @@ class Learner:
 
     def update(self, batch: Trajectories) -> dict[str, float]:
         """Optimise on `batch`; returns metrics averaged over this update's optimizer steps."""
-        if self.config.loss.reads_route_positions and batch.domains is None:
+        loss = self.config.loss
+        missing = [
+            f"token position {name!r}" for name in loss.token_positions_read if name not in batch.token_positions
+        ]
+        missing += [f"row label {name!r}" for name in loss.row_labels_read if name not in batch.row_labels]
+        if missing:
             raise ValueError(
-                "the route entropy and domain decorrelation terms need each row's domain and route position "
-                "(Trajectories.domains, route_positions)"
+                f"the loss's auxiliary terms read {', '.join(missing)}, which the batch does not carry "
+                "(Trajectories.token_positions, row_labels)"
             )
         rows = batch.batch_size
         mini_batches = self._mini_batches(batch)
@@ -516,10 +525,10 @@ class Learner:
         rows_run = sum(0 if step is None else step.real_rows for step in steps)
         model_rows = sum(0 if step is None else step.model_rows.tokens.shape[0] for step in steps)
         padding_rows = sum(mini_batch.batch_size - real_rows for mini_batch, real_rows in mini_batches)
-        if self.config.loss.route_entropy_coef:
-            first_step = self.optimizer_step - len(step_metrics)
-            averaged["route_entropy_coef"] = float(np.mean([
-                self.config.loss.route_entropy_coef_at(step) for step in range(first_step, self.optimizer_step)
+        first_step = self.optimizer_step - len(step_metrics)
+        for term in self.config.loss.auxiliary_terms:
+            averaged[f"{term.name}_coef"] = float(np.mean([
+                term.coef_at(step) for step in range(first_step, self.optimizer_step)
             ]))
         return averaged | {
             "lr": float(np.mean(learning_rates)),

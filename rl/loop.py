@@ -12,11 +12,11 @@ duplicated when those iterations run again).
 Several processes (one per host, `jax.distributed`; `launch/distributed.py`) split the sampling by question group:
 - every process computes the iteration's questions alike (`question_order`); with P processes, process p takes
   questions [p*Q/P, (p+1)*Q/P) of the Q (`questions_per_step`, which P must divide), and samples and scores their
-  groups with its own generator and worker pool. A group, and every recursion round of its episodes, stays on one
+  groups with its own generator and environment. A group, and every recursion round of its episodes, stays on one
   process.
 - row r of a round (rows numbered across the processes, process by process, as one process would number them)
   draws from that round's seed + r (`SamplingParams.seed`) and scores with sample id r past the round's first, so a
-  row's sample and worker draws do not depend on how many processes share the iteration.
+  row's sample and scoring draws do not depend on how many processes share the iteration.
 - the processes then gather every row (`_gathered`, `jax.experimental.multihost_utils.process_allgather`), so each
   holds the iteration's whole batch, in the order one process would have it. Advantages, the learner's batch, its
   update (`rl.learner`: the same programs on every process, over a mesh of all their devices), the metrics and the
@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import pickle
 import time
-from typing import Any, Callable, Mapping, Protocol, Sequence, get_args
+from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -45,36 +45,42 @@ from rl.metrics import MetricsWriter
 
 log = logging.getLogger(__name__)
 
-# Per-rollout metrics the one-line progress report shows, when the environment reports them.
-HEADLINE_METRICS = ("correct", "valid_format", "oracle_route", "steps", "worker_calls", "tokens", "cost_usd")
+# The row label (`rl.trajectories.Trajectories.row_labels`) the loop fills from the environment's question labels:
+# each row's question's label, numbered in sorted order.
+QUESTION_LABEL = "question"
 
 
 @dataclasses.dataclass(frozen=True)
 class Rollout:
     """One scored completion, as the environment reports it.
 
-    `metrics` are per-rollout numbers averaged into `rollout/<name>` scalars (the environment decides which: correct,
-    valid_format, steps, worker_calls, tokens, cost_usd, ...). `workers` are the pool ids the workflow used;
-    `route_tokens` the indices of the completion tokens that write them (the routing decisions'), one per worker.
-    `context` is what the environment needs to run a recursion round on this rollout; `followup_prompt_ids` is that
-    round's Conductor prompt (None when the environment has no further round for it).
+    `metrics` are per-rollout numbers averaged into `rollout/<name>` scalars (the environment decides which).
+    `labels` (hashable, by name) and `marked_tokens` (completion token indices, by name) are what advantage
+    transforms read (`rl.advantages.AdvantageBatch`); a marked token's first index is also the token position an
+    auxiliary loss term of that name reads (`rl.auxiliary`), and a label an int, the row label of that name. `record`
+    adds fields to the rollout's line of rollouts.jsonl, `histograms` values to the iteration's histograms of that
+    name (first round). `context` is what the environment needs to run a recursion round on this rollout;
+    `followup_prompt_ids` is that round's prompt (None when the environment has no further round for it).
     """
 
     reward: float
     metrics: Mapping[str, float]
-    workers: tuple[int, ...] = ()
-    route_tokens: tuple[int, ...] = ()
+    labels: Mapping[str, Hashable] = dataclasses.field(default_factory=dict)
+    marked_tokens: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    record: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    histograms: Mapping[str, Sequence[float]] = dataclasses.field(default_factory=dict)
     context: Any = None
     followup_prompt_ids: Sequence[int] | None = None
 
 
 class Environment(Protocol):
     """The environment as the loop sees it: questions by index, prompts as token ids, scored completions.
-    `question_strata` (a label per question, e.g. its domain) is needed only by `LoopConfig.stratify_questions` and by
-    estimators that take strata (grpo's `std_scaling="stratum"`)."""
+    `question_labels` (a label per question, e.g. its task) is needed only by `LoopConfig.stratify_questions`, by
+    estimators that take labels (grpo's `std_scaling="label"`), by transforms that read them and by auxiliary terms
+    that read the row label `QUESTION_LABEL`."""
 
     num_questions: int
-    question_strata: Sequence[str] | None
+    question_labels: Sequence[str] | None
 
     def prompt_ids(self, question: int) -> list[int]: ...
 
@@ -86,7 +92,7 @@ class Environment(Protocol):
         sample_ids: Sequence[int],
     ) -> list[Rollout]:
         """Scores completion i for question i. `sample_ids` are unique across the run and reproducible on resume
-        (worker seeds and cache keys come from them, so a question asked again draws fresh worker samples)."""
+        (the environment's seeds and cache keys come from them, so a question asked again draws afresh)."""
         ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
@@ -116,20 +122,14 @@ class LoopConfig:
     `env.rewards`, and the env and the evaluation credit an episode the same), and every round of the episode trains
     on it. A round is grouped with the same round of its question's other episodes; one alone in its group takes its
     episode's first-round advantage (`rl.advantages.credit_lone_later_rounds`). With `stratify_questions`, each
-    iteration's questions take the environment's `question_strata` labels (its task domains) in turn. Where the
-    environment has those labels, each completion's (its question's) reaches the estimator as its stratum. With
-    `balance_routes` lambda > 0, each completion's advantage loses lambda times its route's (the workers its workflow
-    called) mean advantage over the batch (`rl.advantages.balance_routes`; 1 takes it wholly relative to that mean).
-    With `pool_routes_by_stratum` lambda > 0 (an environment with `question_strata`), each completion's advantage moves
-    lambda of the way to its route's mean advantage over the batch's completions of its stratum
-    (`rl.advantages.pool_routes_by_stratum`; 1 gives a stratum's completions of one route one advantage).
-    With `route_weighting="inverse_propensity"`, the advantage on each token that writes a worker id (the
-    environment's `Rollout.route_tokens`) is weighted by the inverse of the sampler's probability of that token,
-    self-normalised over the batch and capped at `route_weight_cap` (`rl.advantages.inverse_propensity_route_weights`).
-    When the learner's loss has a term that reads the routing decision (`rl.losses.LossConfig.reads_route_positions`:
-    the route entropy bonus or the domain decorrelation term), each row goes to it with its question's label
-    (numbered in sorted order; 0 for every row of an environment without labels) and its first route token; a row
-    without route tokens has no domain.
+    iteration's questions take the environment's `question_labels` in turn. Where the environment has those labels,
+    each completion's (its question's) reaches the estimator as its label. `advantage_transforms` then run in order
+    (`rl.advantages.apply_transforms`), on every row with the rollouts' labels and marked tokens. When the learner's
+    loss has auxiliary terms, each row goes to it with the token positions and row labels they read: a position is
+    the first of the rollout's marked tokens of that name (-1 without one), the row label `QUESTION_LABEL` its
+    question's label (numbered in sorted order), any other the rollout's label of that name (-1 without one).
+    `headline_metrics` are the per-rollout metrics the one-line progress report shows, when the environment reports
+    them.
     """
 
     iterations: int
@@ -138,16 +138,14 @@ class LoopConfig:
     estimator: str = "grpo"
     estimator_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dynamic_sampling: bool = False
-    balance_routes: float = 0.0
-    pool_routes_by_stratum: float = 0.0
-    route_weighting: advantage_estimators.RouteWeighting = "none"
-    route_weight_cap: float = 5.0
+    advantage_transforms: tuple[advantage_estimators.TransformConfig, ...] = ()
     recursion_rounds: int = 0
     stratify_questions: bool = False
     checkpoint_every: int = 10
     samples_to_log: int = 4
     seed: int = 0
     length_buckets: tuple[int, ...] = trajectories.DEFAULT_LENGTH_BUCKETS
+    headline_metrics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.iterations < 1:
@@ -166,16 +164,10 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}")
         if self.recursion_rounds < 0:
             raise ValueError(f"LoopConfig.recursion_rounds must be >= 0, got {self.recursion_rounds}")
-        for name in ("balance_routes", "pool_routes_by_stratum"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"LoopConfig.{name} is a fraction in [0, 1], got {getattr(self, name)}")
-        if self.route_weighting not in get_args(advantage_estimators.RouteWeighting):
+        if not all(isinstance(t, advantage_estimators.TransformConfig) for t in self.advantage_transforms):
             raise ValueError(
-                f"unknown LoopConfig.route_weighting {self.route_weighting!r}; choose one of "
-                f"{get_args(advantage_estimators.RouteWeighting)}"
+                f"LoopConfig.advantage_transforms must be TransformConfigs, got {self.advantage_transforms!r}"
             )
-        if not self.route_weight_cap >= 1.0:
-            raise ValueError(f"LoopConfig.route_weight_cap must be >= 1, got {self.route_weight_cap}")
 
     @property
     def max_rows(self) -> int:
@@ -184,31 +176,30 @@ class LoopConfig:
 
 
 def question_order(
-    num_questions: int, seed: int, position: int, count: int, strata: Sequence[str] | None = None
+    num_questions: int, seed: int, position: int, count: int, labels: Sequence[str] | None = None
 ) -> list[int]:
     """Questions `position .. position + count` of an endless stream of per-epoch shuffles (a pure function, so the
     data position alone restores the stream).
 
-    With `strata` (a label per question, e.g. its domain), the stream takes the labels in turn, each label's
-    questions in their own per-epoch shuffle, so every run of as many questions as there are labels holds one of
-    each: no iteration's batch leaves a domain out or doubles one up.
+    With `labels` (one per question, e.g. its task), the stream takes the labels in turn, each label's questions in
+    their own per-epoch shuffle, so every run of as many questions as there are labels holds one of each: no
+    iteration's batch leaves a label out or doubles one up.
     """
     if num_questions < 1:
         raise ValueError("the environment has no questions")
-    if strata is None:
+    if labels is None:
         pools = [list(range(num_questions))]
     else:
-        if len(strata) != num_questions:
-            raise ValueError(f"{len(strata)} strata labels for {num_questions} questions")
-        labels = sorted(set(strata))
-        pools = [[q for q in range(num_questions) if strata[q] == label] for label in labels]
+        if len(labels) != num_questions:
+            raise ValueError(f"{len(labels)} question labels for {num_questions} questions")
+        pools = [[q for q in range(num_questions) if labels[q] == label] for label in sorted(set(labels))]
     order = []
     for index in range(position, position + count):
         pool_index, turn = index % len(pools), index // len(pools)
         pool = pools[pool_index]
         epoch, offset = divmod(turn, len(pool))
         # The unstratified stream keeps its original seeding, so earlier runs' question orders stay reproducible.
-        rng_seed = [seed, epoch] if strata is None else [seed, epoch, pool_index]
+        rng_seed = [seed, epoch] if labels is None else [seed, epoch, pool_index]
         order.append(pool[int(np.random.default_rng(rng_seed).permutation(len(pool))[offset])])
     return order
 
@@ -260,17 +251,16 @@ class TrainingLoop:
                 f"questions_per_step {config.questions_per_step} does not split over {jax.process_count()} processes: "
                 "each process samples an equal share of every iteration's questions; choose a multiple"
             )
-        self._question_strata = getattr(environment, "question_strata", None)
-        uses_strata = {
+        self._question_labels = getattr(environment, "question_labels", None)
+        uses_labels = {
             "stratify_questions": config.stratify_questions,
-            "std_scaling='stratum'": config.estimator_options.get("std_scaling") == "stratum",
-            "pool_routes_by_stratum": config.pool_routes_by_stratum,
-            "domain_decorrelation_coef": learner.config.loss.domain_decorrelation_coef,
+            "std_scaling='label'": config.estimator_options.get("std_scaling") == "label",
+            f"an auxiliary term reading the row label {QUESTION_LABEL!r}":
+                QUESTION_LABEL in learner.config.loss.row_labels_read,
         }
-        for option, used in uses_strata.items():
-            if used and self._question_strata is None:
-                raise ValueError(f"{option} needs an environment with question_strata (a label per question)")
-        self._reads_route_positions = learner.config.loss.reads_route_positions
+        for option, used in uses_labels.items():
+            if used and self._question_labels is None:
+                raise ValueError(f"{option} needs an environment with question_labels (a label per question)")
 
     # -- state --------------------------------------------------------------------------------------------------
 
@@ -337,7 +327,7 @@ class TrainingLoop:
 
         questions = question_order(self.environment.num_questions, config.seed, self.data_position,
                                    config.questions_per_step,
-                                   self._question_strata if config.stratify_questions else None)
+                                   self._question_labels if config.stratify_questions else None)
         share = config.questions_per_step // jax.process_count()
         first_group = jax.process_index() * share
         mine = questions[first_group : first_group + share]
@@ -362,21 +352,32 @@ class TrainingLoop:
         rewards_array = episode_rewards[episodes]
         group_ids = np.asarray([s.group_ids[i] for s, i in rows], dtype=np.int32)
         lengths = np.asarray([len(c.completion_ids) for c in completions], dtype=np.float32)
-        strata = None
-        if self._question_strata is not None:
-            strata = np.asarray([self._question_strata[s.questions[i]] for s, i in rows])
+        question_labels = None
+        if self._question_labels is not None:
+            question_labels = np.asarray([self._question_labels[s.questions[i]] for s, i in rows])
         advantages = advantage_estimators.compute(
-            config.estimator, rewards_array, group_ids, lengths=lengths, strata=strata,
+            config.estimator, rewards_array, group_ids, lengths=lengths, labels=question_labels,
             options=config.estimator_options,
         )
         advantages = advantage_estimators.credit_lone_later_rounds(advantages, group_ids, episodes)
-        routes = [s.rollouts[i].workers or None for s, i in rows]
-        if config.pool_routes_by_stratum:
-            advantages = advantage_estimators.pool_routes_by_stratum(
-                advantages, routes, strata, config.pool_routes_by_stratum
+        row_rollouts = [s.rollouts[i] for s, i in rows]
+        label_names = sorted({name for r in row_rollouts for name in r.labels})
+        marked_names = sorted({name for r in row_rollouts for name in r.marked_tokens})
+        marked_tokens = {name: [tuple(r.marked_tokens.get(name, ())) for r in row_rollouts] for name in marked_names}
+        token_scalings, transform_metrics = [], {}
+        if config.advantage_transforms:
+            advantages, token_scalings, transform_metrics = advantage_estimators.apply_transforms(
+                config.advantage_transforms,
+                advantage_estimators.AdvantageBatch(
+                    advantages=advantages,
+                    rewards=rewards_array,
+                    group_ids=group_ids,
+                    question_labels=question_labels,
+                    labels={name: [r.labels.get(name) for r in row_rollouts] for name in label_names},
+                    marked_tokens=marked_tokens,
+                    sampler_logprobs=[c.logprobs for c in completions],
+                ),
             )
-        if config.balance_routes:
-            advantages = advantage_estimators.balance_routes(advantages, routes, config.balance_routes)
         keep, dropped_groups = np.ones(len(rows), dtype=bool), 0
         if config.dynamic_sampling:
             keep, dropped_groups = advantage_estimators.zero_variance_groups(rewards_array, group_ids)
@@ -394,19 +395,11 @@ class TrainingLoop:
                 group_ids,
                 pad_id=self.pad_id,
                 length_buckets=config.length_buckets,
-                **(self._decision_states(rows, strata) if self._reads_route_positions else {}),
+                **self._term_extras(row_rollouts, question_labels),
             )
-            if config.route_weighting == "inverse_propensity":
-                route_tokens = [s.rollouts[i].route_tokens for s, i in rows]
-                weights = advantage_estimators.inverse_propensity_route_weights(
-                    [[c.logprobs[t] for t in tokens] for c, tokens in zip(completions, route_tokens)],
-                    config.route_weight_cap,
-                )
-                batch = batch.scaled_token_advantages(route_tokens, weights)
-                every_weight = np.concatenate(weights)
-                if every_weight.size:
-                    scalars["advantage/route_weight_max"] = float(every_weight.max())
-                    scalars["advantage/route_weight_capped"] = float(np.mean(every_weight >= config.route_weight_cap))
+            for token_indices, token_factors in token_scalings:
+                batch = batch.scaled_token_advantages(token_indices, token_factors)
+            scalars.update({f"advantage/{name}": value for name, value in transform_metrics.items()})
             # Dropped groups leave the loss (rows without loss tokens count in no denominator); shapes stay put.
             batch = batch.replace(loss_mask=batch.loss_mask & keep[:, None])
             scalars.update({f"learner/{k}": v for k, v in self.learner.update(batch).items()})
@@ -428,19 +421,22 @@ class TrainingLoop:
         self._log(rounds, rewards_array, advantages, scalars)
         return scalars
 
-    def _decision_states(self, rows: list[tuple[_Sampled, int]], strata: np.ndarray | None) -> dict[str, list[int]]:
-        """Each row's domain (0 for all without `strata`; -1 without route tokens) and first route token, as
+    def _term_extras(self, row_rollouts: list[Rollout], question_labels: np.ndarray | None) -> dict[str, dict]:
+        """The token positions and row labels the loss's auxiliary terms read (`LoopConfig`), as
         `rl.trajectories.build` takes them."""
-        route_tokens = [s.rollouts[i].route_tokens for s, i in rows]
-        if strata is None:
-            domains = [0] * len(rows)
-        else:
-            numbers = {label: index for index, label in enumerate(sorted(set(self._question_strata)))}
-            domains = [numbers[label] for label in strata]
-        return {
-            "domains": [domain if tokens else -1 for domain, tokens in zip(domains, route_tokens)],
-            "route_positions": [tokens[0] if tokens else 0 for tokens in route_tokens],
+        loss = self.learner.config.loss
+        positions = {
+            name: [(r.marked_tokens.get(name) or (-1,))[0] for r in row_rollouts]
+            for name in loss.token_positions_read
         }
+        labels = {}
+        for name in loss.row_labels_read:
+            if name == QUESTION_LABEL:
+                numbers = {label: index for index, label in enumerate(sorted(set(self._question_labels)))}
+                labels[name] = [numbers[label] for label in question_labels]
+            else:
+                labels[name] = [-1 if r.labels.get(name) is None else r.labels[name] for r in row_rollouts]
+        return {"token_positions": positions, "row_labels": labels}
 
     def _recursion_round(self, rounds: list[_Sampled], times: dict[str, float]) -> bool:
         """Samples the next round: one completion for each row of the last round that the environment gave a follow-up
@@ -514,7 +510,8 @@ class TrainingLoop:
         elapsed = scalars["time/iteration"]
         remaining = (self.config.iterations - self.iteration) * elapsed
         headline = " ".join(
-            f"{name} {scalars[f'rollout/{name}']:.3g}" for name in HEADLINE_METRICS if f"rollout/{name}" in scalars
+            f"{name} {scalars[f'rollout/{name}']:.3g}" for name in self.config.headline_metrics
+            if f"rollout/{name}" in scalars
         )
         if jax.process_index() == 0:
             log.info(
@@ -529,10 +526,11 @@ class TrainingLoop:
             f"**reward {first.rollouts[i].reward:.2f}**\n\n```\n{self.environment.decode(first.completions[i].completion_ids)}\n```"
             for i in range(min(self.config.samples_to_log, len(first.completions)))
         )
-        workers = [w for r in first.rollouts for w in r.workers]
         histograms = {"rewards": rewards}
-        if workers:
-            histograms["workers_chosen"] = np.asarray(workers)
+        for name in sorted({name for r in first.rollouts for name in r.histograms}):
+            values = [value for r in first.rollouts for value in r.histograms.get(name, ())]
+            if values:
+                histograms[name] = np.asarray(values)
         self.writer.log(self.iteration, scalars, histograms=histograms, texts={"samples": samples})
         rows = [(round_index, sampled, i) for round_index, sampled in enumerate(rounds)
                 for i in range(len(sampled.completions))]
@@ -545,7 +543,7 @@ class TrainingLoop:
                 "reward": float(sampled.rollouts[i].reward),
                 "episode_reward": float(rewards[row]),
                 "advantage": float(advantages[row]),
-                "workers": list(sampled.rollouts[i].workers),
+                **sampled.rollouts[i].record,
             }
             for row, (round_index, sampled, i) in enumerate(rows)
         ])

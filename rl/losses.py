@@ -22,6 +22,8 @@ from typing import Callable, Literal, get_args
 import jax
 import jax.numpy as jnp
 
+from rl.auxiliary import TermConfig, TermInputs
+
 Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k2", "k3", "k1+", "k2+", "k3+"]
 MismatchCorrection = Literal["none", "tis-token", "tis-seq", "mask-token", "mask-seq"]
@@ -51,26 +53,12 @@ class LossConfig:
         straight-through variant: the estimator's value with the gradient of k2, whose expectation is the KL's
         gradient.
     entropy_coef: weight of the entropy bonus (subtracted from the loss).
-    route_entropy_coef, route_token_ids: an entropy bonus on the routing decision alone: at the token that writes
-        each row's first worker id (`Trajectories.route_positions`), the entropy H_b of the policy restricted to
-        `route_token_ids` (the tokens that can write a worker id's first digit) and renormalised, each row weighted
-        as the aggregation weighs it: loss -= route_entropy_coef * sum_b w_b H_b, w_b = sum_t token_weight[b, t].
-        It keeps the choice of worker from collapsing onto one before the others' grades have been seen often
-        enough to compare. Restricted, it leaves the probability of writing a worker id at all, and every other
-        token of the workflow, to the policy loss; a full-vocabulary bonus (`entropy_coef`) spreads probability
-        over the vocabulary and breaks the format. Needs each row's domain and route position.
-    route_entropy_decay_steps: 0 keeps `route_entropy_coef` constant; N > 0 lowers it linearly to zero over the
-        first N optimizer steps (`route_entropy_coef_at`): every worker is tried while the grades are first seen,
-        then the policy sharpens onto the best, whose greedy route a near-uniform policy would leave to chance.
     mismatch_correction: corrects for the sampler's log-probs differing from the learner's at the same weights,
         with w = pi_learner_old / pi_sampler: "tis-token" multiplies each token by min(w_t, cap), "tis-seq" each
         sequence by min(prod_t w_t, cap) (truncated importance sampling, Yao et al. 2025); "mask-token" drops tokens
         with w_t outside [1/cap, cap], "mask-seq" drops sequences whose geometric-mean w is outside [1/cap, cap].
-    domain_decorrelation_coef: weight of `domain_state_overlap` (the mean squared cosine between the task domains'
-        mean states at the token that writes the first worker id) added to the loss. A policy-gradient update of a
-        worker's output row from one domain's rows moves every other domain's logit for that worker in proportion
-        to the dot product of their states; the term keeps those states apart while RL trains. Needs each row's
-        domain and route position (`Trajectories.domains`, `route_positions`).
+    auxiliary_terms: further terms added to the loss in this order (`rl.auxiliary`: each a registered function
+        with its coefficient, schedule and options; the package above rl that defines one registers it).
     """
 
     policy_loss: str = "ppo"
@@ -82,12 +70,9 @@ class LossConfig:
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     entropy_coef: float = 0.0
-    route_entropy_coef: float = 0.0
-    route_token_ids: tuple[int, ...] = ()
-    route_entropy_decay_steps: int = 0
     mismatch_correction: MismatchCorrection = "none"
     mismatch_cap: float = 2.0
-    domain_decorrelation_coef: float = 0.0
+    auxiliary_terms: tuple[TermConfig, ...] = ()
 
     def __post_init__(self) -> None:
         def check_choice(name: str, choices: tuple[str, ...]) -> None:
@@ -110,40 +95,25 @@ class LossConfig:
             raise ValueError(f"kl_coef and entropy_coef must be >= 0, got {self.kl_coef}, {self.entropy_coef}")
         if self.mismatch_cap <= 1.0:
             raise ValueError(f"LossConfig.mismatch_cap must be > 1, got {self.mismatch_cap}")
-        for name in ("route_entropy_coef", "domain_decorrelation_coef"):
-            if not getattr(self, name) >= 0.0:
-                raise ValueError(f"LossConfig.{name} must be >= 0, got {getattr(self, name)}")
-        ids = self.route_token_ids
-        if self.route_entropy_coef and (len(set(ids)) < 2 or len(set(ids)) != len(ids) or min(ids) < 0):
-            raise ValueError(
-                f"LossConfig.route_entropy_coef needs route_token_ids: two or more distinct token ids, got {ids}"
-            )
-        if self.route_entropy_decay_steps < 0 or (self.route_entropy_decay_steps and not self.route_entropy_coef):
-            raise ValueError(
-                "LossConfig.route_entropy_decay_steps must be >= 0, and needs route_entropy_coef > 0, got "
-                f"{self.route_entropy_decay_steps} with route_entropy_coef={self.route_entropy_coef}"
-            )
+        if not all(isinstance(term, TermConfig) for term in self.auxiliary_terms):
+            raise ValueError(f"LossConfig.auxiliary_terms must be TermConfigs, got {self.auxiliary_terms!r}")
+        names = [term.name for term in self.auxiliary_terms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"LossConfig.auxiliary_terms names a term twice: {names}")
 
-    def route_entropy_coef_at(self, step: int | jax.Array) -> float | jax.Array:
-        """The route entropy bonus's weight at optimizer step `step`: a float for a host int (the learner's log,
-        without a device op per step), a traced array for the traced step of a jitted update."""
-        if not self.route_entropy_decay_steps:
-            return self.route_entropy_coef
-        remaining = 1.0 - step / self.route_entropy_decay_steps
-        if isinstance(step, jax.Array):
-            return self.route_entropy_coef * jnp.clip(remaining, 0.0, 1.0)
-        return self.route_entropy_coef * min(max(remaining, 0.0), 1.0)
-
-    def reads_route_positions_at(self, step: int) -> bool:
-        """Whether a term reads each row's route token at optimizer step `step` (a host int); a route entropy bonus
-        whose decay has reached zero does not, and never does again (its weight only falls)."""
-        return bool(self.domain_decorrelation_coef or self.route_entropy_coef_at(step) > 0.0)
+    def terms_on_at(self, step: int) -> tuple[TermConfig, ...]:
+        """The auxiliary terms that weigh anything at optimizer step `step` (a host int) or after it."""
+        return tuple(term for term in self.auxiliary_terms if term.is_on_at(step))
 
     @property
-    def reads_route_positions(self) -> bool:
-        """Whether a term needs each row's domain and route position (`Trajectories.domains`, `route_positions`) at
-        any step: at the first, where every weight is at its largest."""
-        return self.reads_route_positions_at(0)
+    def token_positions_read(self) -> tuple[str, ...]:
+        """The token positions (`Trajectories.token_positions`) the auxiliary terms read, each once, in order."""
+        return tuple(dict.fromkeys(name for term in self.auxiliary_terms for name in term.spec.token_positions))
+
+    @property
+    def row_labels_read(self) -> tuple[str, ...]:
+        """The row labels (`Trajectories.row_labels`) the auxiliary terms read, each once, in order."""
+        return tuple(dict.fromkeys(name for term in self.auxiliary_terms for name in term.spec.row_labels))
 
 
 def aggregation_weights(loss_mask: jax.Array, config: LossConfig) -> jax.Array:
@@ -182,29 +152,6 @@ def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: KLEstima
     if estimator.endswith("+"):
         return k2 - jax.lax.stop_gradient(k2) + jax.lax.stop_gradient(value)
     return value
-
-
-def probed_states(hidden: jax.Array, positions: jax.Array) -> jax.Array:
-    """`hidden[b, positions[b]]` in float32, [B, H]: one state of each row."""
-    return jnp.take_along_axis(hidden, positions[:, None, None], axis=1)[:, 0].astype(jnp.float32)
-
-
-def domain_state_overlap(states: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean over pairs of distinct labels f != g among the rows of cos(mu_f, mu_g)^2, mu_f the mean of the states
-    [B, H] of the rows labelled f (label -1: none); 0 with fewer than two labels present.
-
-    Computed over rows, so no count of labels is needed: a pair of rows of domains f and g weighs 1 / (n_f n_g), so
-    every pair of domains counts once whatever its rows.
-    """
-    labelled = labels >= 0
-    same = ((labels[:, None] == labels[None, :]) & labelled[:, None]).astype(jnp.float32)  # [B, B]
-    counts = same.sum(axis=1)  # each labelled row's domain size, 0 for an unlabelled row
-    means = (same @ states) / jnp.maximum(counts, 1.0)[:, None]  # each row's domain mean
-    # An unlabelled row's mean is 0; the floor inside the root keeps its gradient finite (the norm's is not at 0).
-    unit = means * jax.lax.rsqrt(jnp.maximum(jnp.square(means).sum(axis=-1, keepdims=True), 1e-24))
-    inverse_counts = jnp.where(labelled, 1.0 / jnp.maximum(counts, 1.0), 0.0)
-    pair_weights = inverse_counts[:, None] * inverse_counts[None, :] * (1.0 - same)
-    return (jnp.square(unit @ unit.T) * pair_weights).sum() / jnp.maximum(pair_weights.sum(), 1.0)
 
 
 # -- policy losses: (logprobs, old_logprobs, advantages, loss_mask, config) -> (per-token loss [B, T], clip
@@ -313,8 +260,7 @@ def grpo_loss(
     loss_mask: jax.Array,
     token_weights: jax.Array,
     num_tokens: jax.Array,
-    route_entropy: jax.Array | None = None,
-    state_overlap: jax.Array | None = None,
+    term_inputs: TermInputs | None = None,
     step: jax.Array | int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The whole objective on one micro-batch at optimizer step `step`: (loss, metrics), each a sum over this
@@ -322,11 +268,9 @@ def grpo_loss(
 
     `token_weights` come from `aggregation_weights` and `num_tokens` is the loss-token count, both of the whole
     mini-batch, so summing loss and metrics over micro-batches gives the mini-batch values exactly. Metrics other
-    than the loss parts are token means over the mini-batch, but "route_entropy", which weighs rows as the loss
-    does. `route_entropy` (needed with `route_entropy_coef`) is [B]: each row's routing entropy H_b (above), 0 for
-    a row without a worker id. `state_overlap` (needed with `domain_decorrelation_coef`) is `domain_state_overlap`
-    over this micro-batch's rows divided by the mini-batch's number of micro-batches, so the sum is the mean over its
-    micro-batches (the whole mini-batch's without any).
+    than the loss parts are token means over the mini-batch, but the auxiliary terms' own, which each term defines.
+    `term_inputs` (needed with `auxiliary_terms`) is what the terms read (`rl.auxiliary.TermInputs`); each adds
+    coef_t * value to the loss, as `loss/<name>`, after the policy, KL and entropy parts.
     """
     # Padding positions may hold anything; zero them so no exp() there can overflow into inf * 0 = NaN.
     logprobs, entropy, old_logprobs, sampler_logprobs = (
@@ -346,17 +290,14 @@ def grpo_loss(
         per_token = per_token - config.entropy_coef * entropy
         parts["loss/entropy"] = -config.entropy_coef * jnp.sum(token_weights * entropy)
     loss = jnp.sum(token_weights * per_token)
-    if config.route_entropy_coef:
-        if route_entropy is None:
-            raise ValueError("LossConfig.route_entropy_coef needs the rows' route_entropy")
-        weighted_route_entropy = jnp.sum(token_weights.sum(axis=1) * route_entropy)
-        parts["loss/route_entropy"] = -config.route_entropy_coef_at(step) * weighted_route_entropy
-        loss = loss + parts["loss/route_entropy"]
-    if config.domain_decorrelation_coef:
-        if state_overlap is None:
-            raise ValueError("LossConfig.domain_decorrelation_coef needs the rows' state_overlap")
-        parts["loss/decorrelation"] = config.domain_decorrelation_coef * state_overlap
-        loss = loss + parts["loss/decorrelation"]
+    term_metrics = {}
+    for term in config.auxiliary_terms:
+        if term_inputs is None:
+            raise ValueError(f"the auxiliary loss term {term.name!r} needs term_inputs")
+        value, own_metrics = term.spec.function(term_inputs, **term.kwargs)
+        parts[f"loss/{term.name}"] = term.coef_at(step) * value
+        loss = loss + parts[f"loss/{term.name}"]
+        term_metrics.update(own_metrics)
 
     def token_mean(values: jax.Array) -> jax.Array:
         return jnp.sum(jnp.where(loss_mask, values, 0.0)) / num_tokens
@@ -374,8 +315,4 @@ def grpo_loss(
     }
     if config.kl_coef:
         metrics["kl"] = token_mean(kl_penalty(logprobs, ref_logprobs, "k3"))
-    if config.route_entropy_coef:
-        metrics["route_entropy"] = weighted_route_entropy
-    if config.domain_decorrelation_coef:
-        metrics["state_overlap"] = state_overlap
-    return loss, metrics
+    return loss, metrics | term_metrics

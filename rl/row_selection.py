@@ -3,8 +3,8 @@
 Neither choice changes the update:
 - Skipped rows (`LearnerConfig.skip_zero_gradient_rows`, `rows_to_run`): rows whose loss has no gradient are not
   run: rows without loss tokens, and, when there is no KL or entropy term, rows whose advantage is 0 (a GRPO group
-  whose rewards all agree) unless the route entropy or domain decorrelation term reads their route token (a route
-  entropy bonus decayed to zero reads none). Every policy loss is a multiple of the advantage
+  whose rewards all agree) unless an auxiliary term reads them (`rl.auxiliary`; a term decayed to zero reads none).
+  Every policy loss is a multiple of the advantage
   (`rl.losses.POLICY_LOSSES`, each tested for it), so such rows add exactly nothing to the gradient; they still count
   in the aggregation's token and sequence totals, which come from the whole mini-batch. A mini-batch with nothing to
   run still takes its optimizer step, with a zero gradient, because AdamW's momentum moves the parameters anyway.
@@ -30,15 +30,20 @@ from rl.trajectories import Trajectories
 
 
 def zero_gradient_rows(batch: Trajectories, loss: LossConfig, step: int = 0) -> np.ndarray:
-    """[rows] bool: rows without loss tokens, and, without a KL or entropy term, rows whose advantage is 0 and whose
-    route token no route entropy or domain decorrelation term reads at optimizer step `step` and after it (a row
-    with a domain, while one is on: a decayed route entropy bonus stays off)."""
+    """[rows] bool: rows without loss tokens, and, without a KL or entropy term, rows whose advantage is 0 and that no
+    auxiliary term on at optimizer step `step` reads (a row holding every token position and row label the term
+    declares; a decayed term stays off)."""
     loss_mask = np.asarray(batch.loss_mask)
     no_gradient = ~loss_mask.any(axis=1)
     if not (loss.kl_coef or loss.entropy_coef):
         zero_advantage = ~(loss_mask & (np.asarray(batch.advantages) != 0)).any(axis=1)
-        if loss.reads_route_positions_at(step) and batch.domains is not None:
-            zero_advantage &= np.asarray(batch.domains) < 0
+        for term in loss.terms_on_at(step):
+            read = np.ones_like(zero_advantage)
+            for name in term.spec.token_positions:
+                read &= np.asarray(batch.token_positions[name]) >= 0
+            for name in term.spec.row_labels:
+                read &= np.asarray(batch.row_labels[name]) >= 0
+            zero_advantage &= ~read
         no_gradient |= zero_advantage
     return no_gradient
 

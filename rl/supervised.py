@@ -7,26 +7,17 @@ grade, say): each token's NLL is then multiplied by its example's weight before 
 example counts as w copies of it, in any batch (reward-weighted regression, whose optimum imitates each completion
 in proportion to its expected grade).
 
-Optional decision probe: a linear classifier, trained jointly and then discarded, that predicts a label of the
-question (its domain) from the hidden state at one completion position per example (where the first worker id is
-chosen). A uniformly routed teacher gives that state no reason to carry the question, so RL would start at a saddle
-where every domain sees the same routing logits; the probe makes the state carry the domain while the routing the
-student imitates stays uniform.
-
-Optional decorrelation of the probed states (`decorrelation_weight`): the mean squared cosine between the mean states
-of every two domains in the batch (`rl.losses.domain_state_overlap`), added to the loss. GRPO's update of a route's
-output row from one domain's completions moves another domain's logit for that route in proportion to the dot product
-of their states, so a shared direction carries one domain's routing into the others
-(`scripts/replay_spillover_model.py`, rho); orthogonal domain states keep that channel's push within its domain. The
-layers below the output rows are still shared, and the state that predicts a worker id for every domain is itself a
-shared direction, so the penalty also makes the format harder to keep. GRPO rebuilds the overlap unless the same term
-stays in its loss (`rl.losses.LossConfig.domain_decorrelation_coef`).
+Optional head (`SFTConfig.head`, `SupervisedHead`): a small model with parameters of its own, trained jointly on the
+final hidden state that predicts one marked completion token of each example (`Example.probe_index`) against the
+example's label (`Example.probe_label`), and discarded afterwards; its loss parts are added to the NLL. A package above
+rl defines one (a linear probe of the question's task, say, which makes that state carry the task while the
+completions the student imitates do not depend on it).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,8 +28,24 @@ from flax import nnx
 from models.logprobs import completion_predictors, token_logprobs
 from rl import trajectories
 from rl.learner import OptimizerConfig
-from rl.losses import domain_state_overlap, probed_states
 from rl.trajectories import Trajectories
+
+
+class SupervisedHead(Protocol):
+    """A jointly trained extra of the supervised loss, reading each example's state at its marked token."""
+
+    def init(self, hidden_size: int, key: jax.Array) -> Any:
+        """The head's parameters (a pytree), trained with the model's and discarded after the warm-start."""
+        ...
+
+    def check_labels(self, labels: set[int]) -> None:
+        """Raises ValueError unless the examples' labels are ones the head can read."""
+        ...
+
+    def loss(self, params: Any, states: jax.Array, labels: jax.Array) -> tuple[tuple[jax.Array, ...], dict]:
+        """(the weighted scalars the loss adds to the NLL, in order; metrics) for `states` [B, H] float32 and
+        `labels` [B] (-1: the row has none)."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,31 +54,15 @@ class SFTConfig:
     batch_size: int = 8
     logprob_chunk_size: int = 256
     length_buckets: tuple[int, ...] = trajectories.DEFAULT_LENGTH_BUCKETS
-    seed: int = 0
-    probe_classes: int = 0  # 0: no decision probe
-    probe_weight: float = 0.0  # weight of the probe's cross-entropy beside the mean NLL
-    decorrelation_weight: float = 0.0  # weight of the domains' state overlap beside the mean NLL; needs the probe
-    # Encode a prompt once per aligned block of rows that carry it (a question's routes); the same loss and gradient.
+    seed: int = 0  # the shuffle's, and the head's initialisation
+    head: SupervisedHead | None = None
+    # Encode a prompt once per aligned block of rows that carry it (a question's completions); the same loss and
+    # gradient.
     share_prompts: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"SFTConfig.batch_size must be >= 1, got {self.batch_size}")
-        if self.probe_classes < 0 or self.probe_weight < 0:
-            raise ValueError(
-                f"SFTConfig.probe_classes and probe_weight must be >= 0, got {self.probe_classes}, {self.probe_weight}"
-            )
-        if (self.probe_classes == 0) != (self.probe_weight == 0):
-            raise ValueError(
-                "SFTConfig.probe_classes and probe_weight are both 0 (no probe) or both positive, got "
-                f"{self.probe_classes} and {self.probe_weight}"
-            )
-        if self.probe_classes == 1:
-            raise ValueError("SFTConfig.probe_classes must be >= 2 for a classifier, got 1")
-        if not self.decorrelation_weight >= 0:
-            raise ValueError(f"SFTConfig.decorrelation_weight must be >= 0, got {self.decorrelation_weight}")
-        if self.decorrelation_weight > 0 and not self.probe_classes:
-            raise ValueError("SFTConfig.decorrelation_weight needs the probe's labels (probe_classes, probe_weight)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +71,8 @@ class Example:
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
-    probe_index: int | None = None  # completion token whose preceding hidden state the probe reads
-    probe_label: int | None = None
+    probe_index: int | None = None  # completion token whose predicting hidden state the head reads
+    probe_label: int | None = None  # the example's label there
     weight: float = 1.0
 
     def __post_init__(self) -> None:
@@ -113,17 +104,9 @@ def negative_log_likelihood(
     return -(logprobs * weights).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-def probe_cross_entropy(
-    probe: dict[str, jax.Array], hidden: jax.Array, positions: jax.Array, labels: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """Mean cross-entropy and accuracy of the linear probe on `hidden[b, positions[b]]` against `labels[b]`, over
-    the rows with a label (label -1: none)."""
-    states = probed_states(hidden, positions)
-    logits = states @ probe["kernel"] + probe["bias"]
-    labelled = (labels >= 0).astype(jnp.float32)
-    count = jnp.maximum(labelled.sum(), 1.0)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0))
-    return (loss * labelled).sum() / count, ((logits.argmax(-1) == labels) * labelled).sum() / count
+def marked_states(hidden: jax.Array, positions: jax.Array) -> jax.Array:
+    """`hidden[b, positions[b]]` in float32, [B, H]: one state of each row."""
+    return jnp.take_along_axis(hidden, positions[:, None, None], axis=1)[:, 0].astype(jnp.float32)
 
 
 class SupervisedTrainer:
@@ -133,49 +116,47 @@ class SupervisedTrainer:
         self.model = model
         self.config = config
         self._graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
-        self.probe: dict[str, jax.Array] | None = None
-        if config.probe_classes:
-            hidden_size = model.config.hidden_size
-            kernel = jax.random.normal(jax.random.key(config.seed), (hidden_size, config.probe_classes))
-            self.probe = {"kernel": kernel / np.sqrt(hidden_size), "bias": jnp.zeros(config.probe_classes)}
+        self.head_params = None
+        if config.head is not None:
+            self.head_params = config.head.init(model.config.hidden_size, jax.random.key(config.seed))
         self._optimizer = config.optimizer.make()
-        self.opt_state = self._optimizer.init((params, self.probe))
+        self.opt_state = self._optimizer.init((params, self.head_params))
         self._step = jax.jit(self._step_impl, static_argnames=("prompt_block",))
 
     def _step_impl(self, params, opt_state, batch: Trajectories, probe_indices, probe_labels, *, prompt_block: int):
         def loss_fn(params):
-            model_params, probe = params
+            model_params, head_params = params
             model = nnx.merge(self._graphdef, model_params, self._rest)
             predicting = completion_predictors(
                 model, batch.tokens, batch.positions, batch.attention_mask, batch.completion_start, prompt_block
             )
             nll = negative_log_likelihood(model, predicting, batch, self.config.logprob_chunk_size)
-            if probe is None:
+            if head_params is None:
                 return nll, {"nll": nll}
-            probe_loss, probe_accuracy = probe_cross_entropy(probe, predicting, probe_indices, probe_labels)
-            overlap = domain_state_overlap(probed_states(predicting, probe_indices), probe_labels)
-            parts = {"nll": nll, "probe_loss": probe_loss, "probe_accuracy": probe_accuracy, "state_overlap": overlap}
-            loss = nll + self.config.probe_weight * probe_loss
-            if self.config.decorrelation_weight:
-                loss = loss + self.config.decorrelation_weight * overlap
-            return loss, parts
+            head_parts, head_metrics = self.config.head.loss(
+                head_params, marked_states(predicting, probe_indices), probe_labels
+            )
+            loss = nll
+            for part in head_parts:
+                loss = loss + part
+            return loss, {"nll": nll, **head_metrics}
 
         (_, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = self._optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, parts, optax.global_norm(grads)
 
     def step(self, batch: Trajectories, probe_indices=None, probe_labels=None) -> dict[str, float]:
-        """One gradient step; with a probe, `probe_indices` (the completion token of each row whose predicting
-        state the probe reads) and `probe_labels` (-1 for a row without one). Rows that share a prompt in aligned
+        """One gradient step; with a head, `probe_indices` (the completion token of each row whose predicting
+        state the head reads) and `probe_labels` (-1 for a row without one). Rows that share a prompt in aligned
         blocks (`Trajectories.prompt_block_size`) have it encoded once."""
-        if self.probe is not None and (probe_indices is None or probe_labels is None):
-            raise ValueError("this trainer has a decision probe: step() needs probe_indices and probe_labels")
-        (params, self.probe), self.opt_state, parts, grad_norm = self._step(
-            (nnx.state(self.model, nnx.Param), self.probe),
+        if self.head_params is not None and (probe_indices is None or probe_labels is None):
+            raise ValueError("this trainer has a head: step() needs probe_indices and probe_labels")
+        (params, self.head_params), self.opt_state, parts, grad_norm = self._step(
+            (nnx.state(self.model, nnx.Param), self.head_params),
             self.opt_state,
             jax.tree.map(jnp.asarray, batch),
-            None if self.probe is None else jnp.asarray(probe_indices, jnp.int32),
-            None if self.probe is None else jnp.asarray(probe_labels, jnp.int32),
+            None if self.head_params is None else jnp.asarray(probe_indices, jnp.int32),
+            None if self.head_params is None else jnp.asarray(probe_labels, jnp.int32),
             prompt_block=batch.prompt_block_size(batch.batch_size) if self.config.share_prompts else 1,
         )
         nnx.update(self.model, params)
@@ -206,13 +187,12 @@ class SupervisedTrainer:
             raise ValueError("no supervised examples to fit")
         if not any(e.weight > 0 for e in examples):
             raise ValueError("every supervised example has weight 0")
-        if self.probe is not None:
+        if self.config.head is not None:
             labels = {e.probe_label for e in examples if e.probe_label is not None}
             if not labels:
-                raise ValueError("this trainer has a decision probe, but no example has a probe label")
-            if not labels <= set(range(self.config.probe_classes)):
-                raise ValueError(f"probe labels {sorted(labels)} outside [0, {self.config.probe_classes})")
-        # A run of consecutive examples with one prompt (the routes of a question) is shuffled as a unit, so it
+                raise ValueError("this trainer has a head, but no example has a probe label")
+            self.config.head.check_labels(labels)
+        # A run of consecutive examples with one prompt (a question's completions) is shuffled as a unit, so it
         # lands in one batch and its prompt is encoded once.
         units = [[0]]
         for index in range(1, len(examples)):
@@ -234,7 +214,7 @@ class SupervisedTrainer:
 
     def _fit_step(self, examples: Sequence[Example], pad_id: int) -> dict[str, float]:
         batch = self.batch(examples, pad_id)
-        if self.probe is None:
+        if self.head_params is None:
             return self.step(batch)
         return self.step(
             batch,

@@ -18,7 +18,8 @@ with Conductor prompts of hundreds of tokens and completions of tens, that is mo
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from typing import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -33,9 +34,9 @@ class Trajectories:
     """A pytree of arrays; per-token arrays are [batch, time], `group_ids` is [batch] (one prompt id per row).
 
     `old_logprobs` holds the learner's log-probs at sampling time; `build` fills it with the sampler's, and
-    `Learner.update` replaces it with its own before optimising. `domains` ([batch], -1: none) and `route_positions`
-    ([batch], the completion token that writes the row's first worker id) exist only for the terms that read that
-    token (`rl.losses.LossConfig.reads_route_positions`); padding rows carry domain -1.
+    `Learner.update` replaces it with its own before optimising. `row_labels` (an int32 [batch] array by name, -1:
+    none) and `token_positions` (an int32 [batch] array by name: a completion token index, -1: none) carry what the
+    loss's auxiliary terms read (`rl.auxiliary`); padding rows carry -1 in every one.
     """
 
     tokens: jax.Array  # int32
@@ -46,8 +47,8 @@ class Trajectories:
     sampler_logprobs: jax.Array  # float32
     advantages: jax.Array  # float32, the sequence's advantage on each of its tokens
     group_ids: jax.Array  # int32 [batch]
-    domains: jax.Array | None = None  # int32 [batch]
-    route_positions: jax.Array | None = None  # int32 [batch]
+    row_labels: dict[str, jax.Array] = dataclasses.field(default_factory=dict)  # int32 [batch] each
+    token_positions: dict[str, jax.Array] = dataclasses.field(default_factory=dict)  # int32 [batch] each
     completion_start: int = struct.field(pytree_node=False, default=1)  # first column that may carry a loss
     length_buckets: tuple[int, ...] = struct.field(pytree_node=False, default=DEFAULT_LENGTH_BUCKETS)
     completion_buckets: tuple[int, ...] = struct.field(pytree_node=False, default=DEFAULT_COMPLETION_BUCKETS)
@@ -78,7 +79,8 @@ class Trajectories:
         copies = copies.replace(
             loss_mask=np.zeros_like(copies.loss_mask),
             advantages=np.zeros_like(copies.advantages),
-            domains=None if copies.domains is None else np.full_like(copies.domains, -1),
+            row_labels={name: np.full_like(values, -1) for name, values in copies.row_labels.items()},
+            token_positions={name: np.full_like(values, -1) for name, values in copies.token_positions.items()},
         )
         return jax.tree.map(lambda mine, theirs: np.concatenate([mine, theirs]), self, copies)
 
@@ -181,15 +183,15 @@ def build(
     pad_id: int,
     length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
     completion_buckets: Sequence[int] = DEFAULT_COMPLETION_BUCKETS,
-    domains=None,
-    route_positions=None,
+    row_labels: Mapping[str, Sequence[int]] | None = None,
+    token_positions: Mapping[str, Sequence[int]] | None = None,
 ) -> Trajectories:
     """Pad generator output into a `Trajectories` batch (numpy on the host; jit moves it to devices).
 
     prompt_ids[i], completion_ids[i] and sampler_logprobs[i] are row i's token ids and per-completion-token
-    log-probs exactly as the generator produced them; advantages[i] and group_ids[i] are per row. `domains` and
-    `route_positions` come together or not at all: a row's domain (-1: none) and, for a row with one, the index of
-    one of its completion tokens.
+    log-probs exactly as the generator produced them; advantages[i] and group_ids[i] are per row. `row_labels` are
+    ints per row by name (-1: none); `token_positions` per row by name the index of one of its completion tokens
+    (-1: none).
     """
     batch = len(prompt_ids)
     if batch == 0:
@@ -204,25 +206,26 @@ def build(
             raise ValueError(f"{name} must have shape ({batch},), got {values.shape}")
     if not np.all(np.isfinite(advantages)):
         raise ValueError("advantages must be finite")
-    if (domains is None) != (route_positions is None):
-        raise ValueError("domains and route_positions come together or not at all")
-    if domains is not None:
-        domains = np.asarray(domains, dtype=np.int32)
-        route_positions = np.asarray(route_positions, dtype=np.int32)
-        for name, values in (("domains", domains), ("route_positions", route_positions)):
-            if values.shape != (batch,):
-                raise ValueError(f"{name} must have shape ({batch},), got {values.shape}")
-        if (domains < -1).any():
-            raise ValueError(f"domains are >= 0, or -1 for none; got {sorted(set(domains.tolist()))}")
-        completion_lengths = np.array([len(c) for c in completion_ids])
-        outside = (domains >= 0) & ((route_positions < 0) | (route_positions >= completion_lengths))
+    completion_lengths = np.array([len(c) for c in completion_ids])
+    labels = {}
+    for name, values in (row_labels or {}).items():
+        labels[name] = np.asarray(values, dtype=np.int32)
+        if labels[name].shape != (batch,):
+            raise ValueError(f"row label {name!r} must have shape ({batch},), got {labels[name].shape}")
+        if (labels[name] < -1).any():
+            raise ValueError(f"row label {name!r}: labels are >= 0, or -1 for none; got {sorted(set(values))}")
+    marked = {}
+    for name, values in (token_positions or {}).items():
+        marked[name] = np.asarray(values, dtype=np.int32)
+        if marked[name].shape != (batch,):
+            raise ValueError(f"token position {name!r} must have shape ({batch},), got {marked[name].shape}")
+        outside = (marked[name] < -1) | (marked[name] >= completion_lengths)
         if outside.any():
             row = int(np.flatnonzero(outside)[0])
             raise ValueError(
-                f"row {row}: route position {route_positions[row]} is outside its {completion_lengths[row]}-token "
-                "completion"
+                f"row {row}: token position {name!r} {marked[name][row]} is outside its "
+                f"{completion_lengths[row]}-token completion (-1: none)"
             )
-        route_positions = np.where(domains >= 0, route_positions, 0).astype(np.int32)
     for row, (prompt, completion, logprobs) in enumerate(zip(prompt_ids, completion_ids, sampler_logprobs)):
         if not prompt:
             raise ValueError(f"row {row}: empty prompt (the first completion token needs a token to predict it)")
@@ -256,8 +259,8 @@ def build(
         sampler_logprobs=logprobs,
         advantages=np.where(loss_mask, advantages[:, None], 0.0).astype(np.float32),
         group_ids=group_ids,
-        domains=domains,
-        route_positions=route_positions,
+        row_labels=labels,
+        token_positions=marked,
         completion_start=prompt_width,
         length_buckets=tuple(sorted(length_buckets)),
         completion_buckets=tuple(sorted(completion_buckets)),

@@ -1,5 +1,6 @@
 """The packages import one another only downwards (docs/design.md section 1): `models` and `env` import none of ours,
-`rl` and `rollout` only `models`, and only `launch` imports `launch`.
+`rl` and `rollout` only `models`, `conductor` (the Conductor's terms and transforms over the general `rl`) those
+below it, and only `launch` imports `launch`.
 
 Every import of every module of the installed packages is read from its syntax tree: `import x`, `from x import y`,
 relative imports, imports inside functions or `if TYPE_CHECKING:`, and `importlib.import_module("x")` with a literal
@@ -14,14 +15,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = ("models", "rl", "rollout", "env", "launch")
+OURS = ("models", "rl", "rollout", "env", "conductor", "sweeps", "launch")
 # The packages of ours each package may import, besides its own.
 MAY_IMPORT = {
     "models": (),
     "env": (),
     "rl": ("models",),
     "rollout": ("models",),
-    "launch": ("models", "rl", "rollout", "env"),
+    "conductor": ("models", "rl", "rollout", "env"),
+    "sweeps": ("rl",),
+    "launch": ("models", "rl", "rollout", "env", "conductor", "sweeps"),
 }
 
 
@@ -105,18 +108,24 @@ def test_every_kind_of_import_across_the_layering_is_found(tmp_path):
         "rl/losses.py": "import typing\nif typing.TYPE_CHECKING:\n    import launch.train\n",
         "rollout/__init__.py": "",
         "rollout/sync.py": "import models.hf_io, rl.learner\n",
+        "rl/advantages.py": "from conductor.advantages import ROUTE\nimport env\n",
+        "conductor/__init__.py": "import rl, env, rollout, models\n",
+        "conductor/losses.py": "from launch import train\n",
         "launch/__init__.py": "",
-        "launch/train.py": "import env, models, rl, rollout\nfrom launch import common\nfrom . import common\n",
+        "launch/train.py": "import conductor, env, models, rl, rollout\nfrom launch import common\nfrom . import common\n",
         "launch/common.py": "from rl.loop import Environment\n",
         "tests/test_x.py": "import launch.train\n",  # outside the packages: tests may import anything
     })
     assert layering_violations(tmp_path) == [
         "models/config.py:5: models imports rl",
+        "rl/advantages.py:1: rl imports conductor.advantages",
+        "rl/advantages.py:2: rl imports env",
         "rl/loop.py:4: rl imports env.worlds",
         "rl/losses.py:3: rl imports launch.train",
         "rollout/sync.py:1: rollout imports rl.learner",
         "env/tasks/__init__.py:2: env imports launch",
         "env/tasks/load.py:3: env imports rollout.types",
+        "conductor/losses.py:1: conductor imports launch",
     ]
 
 

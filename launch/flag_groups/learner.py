@@ -6,7 +6,9 @@ from typing import get_args
 
 from absl import flags
 
+import conductor  # noqa: F401  (registers the Conductor's auxiliary loss terms)
 from launch.flag_groups import field_choices, field_values, shared
+from rl.auxiliary import TermConfig
 from rl.learner import LearnerConfig, OldLogprobs, OptimizerConfig, optimizer_steps_per_update
 from rl.loop import LoopConfig
 from rl.losses import POLICY_LOSSES, Aggregation, KLEstimator, LossConfig, MismatchCorrection
@@ -27,24 +29,11 @@ _LOSS_FIELDS = {
     "kl_coef": flags.DEFINE_float("kl_coef", 0.0, "KL penalty to the frozen initial policy (0: no reference model)."),
     "kl_estimator": flags.DEFINE_enum("kl_estimator", "k3", get_args(KLEstimator), "KL estimator."),
     "entropy_coef": flags.DEFINE_float("entropy_coef", 0.0, "Entropy bonus weight."),
-    "route_entropy_coef": flags.DEFINE_float(
-        "route_entropy_coef", 0.0,
-        "Weight of an entropy bonus on the choice of worker alone: at the token that writes each workflow's first "
-        "worker id, the entropy over the tokens that can write one. Keeps the routing from collapsing onto one worker "
-        "before the others have been tried, without spreading probability over the vocabulary as --entropy_coef does.",
-        lower_bound=0.0,
-    ),
     "mismatch_correction": flags.DEFINE_enum(
         "mismatch_correction", "none", get_args(MismatchCorrection),
         "Correction for sampler vs learner log-prob mismatch.",
     ),
     "mismatch_cap": flags.DEFINE_float("mismatch_cap", 2.0, "Cap of the mismatch importance weights."),
-    "domain_decorrelation_coef": flags.DEFINE_float(
-        "domain_decorrelation_coef", 0.0,
-        "Weight of the task domains' state overlap in the RL loss: the mean squared cosine between the domains' mean "
-        "states at the token that writes the first worker id, so one domain's routing update moves the others' less.",
-        lower_bound=0.0,
-    ),
 }
 _OPTIMIZER_FIELDS = {
     "learning_rate": flags.DEFINE_float("lr", 1e-6, "Peak learning rate (AdamW)."),
@@ -62,6 +51,20 @@ _OPTIMIZER_FIELDS = {
     "max_grad_norm": flags.DEFINE_float("max_grad_norm", 1.0, "Global gradient-norm clip."),
 }
 _WARMUP_RATIO = flags.DEFINE_float("warmup_ratio", 0.03, "Fraction of optimizer steps spent warming up.")
+# The Conductor's auxiliary loss terms (`conductor.losses`), in the order `terms_from_flags` adds them.
+_ROUTE_ENTROPY_COEF = flags.DEFINE_float(
+    "route_entropy_coef", 0.0,
+    "Weight of an entropy bonus on the choice of worker alone: at the token that writes each workflow's first "
+    "worker id, the entropy over the tokens that can write one. Keeps the routing from collapsing onto one worker "
+    "before the others have been tried, without spreading probability over the vocabulary as --entropy_coef does.",
+    lower_bound=0.0,
+)
+_DOMAIN_DECORRELATION_COEF = flags.DEFINE_float(
+    "domain_decorrelation_coef", 0.0,
+    "Weight of the task domains' state overlap in the RL loss: the mean squared cosine between the domains' mean "
+    "states at the token that writes the first worker id, so one domain's routing update moves the others' less.",
+    lower_bound=0.0,
+)
 _ROUTE_ENTROPY_DECAY_RATIO = flags.DEFINE_float(
     "route_entropy_decay_ratio", 0.0,
     "Fraction of the run's optimizer steps over which --route_entropy_coef falls linearly to zero (0: constant): "
@@ -100,6 +103,24 @@ _UPDATE_FIELDS = {
 }
 
 
+def terms_from_flags(total_steps: int, route_token_ids: tuple[int, ...]) -> tuple[TermConfig, ...]:
+    """The auxiliary loss terms the flags ask for, over a run of `total_steps` optimizer steps: the route entropy
+    bonus (decaying over --route_entropy_decay_ratio of them), then the tasks' decorrelation."""
+    terms = []
+    decay_steps = int(round(_ROUTE_ENTROPY_DECAY_RATIO.value * total_steps))
+    if _ROUTE_ENTROPY_COEF.value:
+        terms.append(TermConfig(
+            "route_entropy", _ROUTE_ENTROPY_COEF.value, decay_steps, options={"token_ids": tuple(route_token_ids)}
+        ))
+    elif decay_steps:
+        raise ValueError(
+            f"--route_entropy_decay_ratio gives decay_steps={decay_steps} to --route_entropy_coef, which is 0"
+        )
+    if _DOMAIN_DECORRELATION_COEF.value:
+        terms.append(TermConfig("decorrelation", _DOMAIN_DECORRELATION_COEF.value))
+    return tuple(terms)
+
+
 def from_flags(loop: LoopConfig, sampling: SamplingParams, route_token_ids: tuple[int, ...] = ()) -> LearnerConfig:
     """The learner's config for `loop`'s batches, sampled with `sampling`; `route_token_ids` are the tokens that can
     write a worker id (`launch.loop_environment.TokenizedConductorEnv.route_token_ids`), which --route_entropy_coef
@@ -116,8 +137,8 @@ def from_flags(loop: LoopConfig, sampling: SamplingParams, route_token_ids: tupl
     )
     return LearnerConfig(
         loss=LossConfig(
-            **field_values(_LOSS_FIELDS), norm_length=sampling.max_new_tokens, route_token_ids=route_token_ids,
-            route_entropy_decay_steps=int(round(_ROUTE_ENTROPY_DECAY_RATIO.value * total_steps)),
+            **field_values(_LOSS_FIELDS), norm_length=sampling.max_new_tokens,
+            auxiliary_terms=terms_from_flags(total_steps, route_token_ids),
         ),
         optimizer=optimizer,
         **update,

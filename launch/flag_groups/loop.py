@@ -11,8 +11,9 @@ from typing import get_args
 
 from absl import flags
 
+import conductor
 from launch.flag_groups import field_values, shared
-from rl.advantages import ESTIMATORS, RouteWeighting, StdScaling, Whitening, options_for
+from rl.advantages import ESTIMATORS, StdScaling, TransformConfig, Whitening, options_for
 from rl.loop import LoopConfig
 
 _FIELDS = {
@@ -21,32 +22,33 @@ _FIELDS = {
     "group_size": flags.DEFINE_integer("group_size", 8, "Completions per question."),
     "estimator": flags.DEFINE_enum("estimator", "grpo", sorted(ESTIMATORS), "Advantage estimator."),
     "dynamic_sampling": flags.DEFINE_boolean("dynamic_sampling", False, "Drop groups whose rewards all agree."),
-    "balance_routes": flags.DEFINE_float(
-        "balance_routes", 0.0,
-        "Subtract this fraction (0 to 1) of each completion's route's mean advantage over the batch from its "
-        "advantage; at 1 no route is pushed up in every task domain by what it earns in one (the spillover between "
-        "domains), in between the push is partly removed.",
-        lower_bound=0.0, upper_bound=1.0,
-    ),
-    "pool_routes_by_stratum": flags.DEFINE_float(
-        "pool_routes_by_stratum", 0.0,
-        "Move each completion's advantage this fraction (0 to 1) of the way to its route's mean advantage over the "
-        "batch's completions of its task domain; at 1 a domain's questions move as one onto the worker that leads "
-        "over the domain, instead of each fitting the wins its own draws gave it (needs a world with task domains).",
-        lower_bound=0.0, upper_bound=1.0,
-    ),
-    "route_weighting": flags.DEFINE_enum(
-        "route_weighting", "none", get_args(RouteWeighting),
-        "inverse_propensity: the advantage on each token that writes a worker id is weighted by the inverse of the "
-        "sampler's probability of that token (mean 1 over the batch, capped at --route_weight_cap), so a route the "
-        "policy rarely samples moves by what it earns, not in proportion to how often it is tried.",
-    ),
-    "route_weight_cap": flags.DEFINE_float(
-        "route_weight_cap", 5.0, "Largest route-token weight under --route_weighting=inverse_propensity.",
-        lower_bound=1.0,
-    ),
     "checkpoint_every": flags.DEFINE_integer("checkpoint_every", 10, "Iterations between checkpoints."),
 }
+# The Conductor's advantage transforms (`conductor.advantages`), in the order `transforms_from_flags` runs them.
+_BALANCE_ROUTES = flags.DEFINE_float(
+    "balance_routes", 0.0,
+    "Subtract this fraction (0 to 1) of each completion's route's mean advantage over the batch from its "
+    "advantage; at 1 no route is pushed up in every task domain by what it earns in one (the spillover between "
+    "domains), in between the push is partly removed.",
+    lower_bound=0.0, upper_bound=1.0,
+)
+_POOL_ROUTES_BY_STRATUM = flags.DEFINE_float(
+    "pool_routes_by_stratum", 0.0,
+    "Move each completion's advantage this fraction (0 to 1) of the way to its route's mean advantage over the "
+    "batch's completions of its task domain; at 1 a domain's questions move as one onto the worker that leads "
+    "over the domain, instead of each fitting the wins its own draws gave it (needs a world with task domains).",
+    lower_bound=0.0, upper_bound=1.0,
+)
+_ROUTE_WEIGHTING = flags.DEFINE_enum(
+    "route_weighting", "none", ["none", "inverse_propensity"],
+    "inverse_propensity: the advantage on each token that writes a worker id is weighted by the inverse of the "
+    "sampler's probability of that token (mean 1 over the batch, capped at --route_weight_cap), so a route the "
+    "policy rarely samples moves by what it earns, not in proportion to how often it is tried.",
+)
+_ROUTE_WEIGHT_CAP = flags.DEFINE_float(
+    "route_weight_cap", 5.0, "Largest route-token weight under --route_weighting=inverse_propensity.",
+    lower_bound=1.0,
+)
 _ESTIMATOR_OPTIONS = {
     "std_scaling": flags.DEFINE_enum("std_scaling", "group", get_args(StdScaling), "grpo's std scaling."),
     "whiten": flags.DEFINE_enum(
@@ -57,12 +59,27 @@ _ESTIMATOR_OPTIONS = {
 }
 
 
+def transforms_from_flags() -> tuple[TransformConfig, ...]:
+    """The advantage transforms the flags ask for: routes pooled by task, then balanced, then the route tokens
+    weighted by inverse propensity (`rl.advantages.Transformed`: that last scales tokens of the final advantages)."""
+    transforms = []
+    if _POOL_ROUTES_BY_STRATUM.value:
+        transforms.append(TransformConfig("pool_routes", {"fraction": _POOL_ROUTES_BY_STRATUM.value}))
+    if _BALANCE_ROUTES.value:
+        transforms.append(TransformConfig("balance_routes", {"fraction": _BALANCE_ROUTES.value}))
+    if _ROUTE_WEIGHTING.value == "inverse_propensity":
+        transforms.append(TransformConfig("route_propensity", {"cap": _ROUTE_WEIGHT_CAP.value}))
+    return tuple(transforms)
+
+
 def from_flags(recursion_rounds: int) -> LoopConfig:
     """The loop over episodes of `recursion_rounds` rounds after the first (the env's)."""
     fields = field_values(_FIELDS)
     return LoopConfig(
         **fields,
         estimator_options=options_for(fields["estimator"], field_values(_ESTIMATOR_OPTIONS)),
+        advantage_transforms=transforms_from_flags(),
+        headline_metrics=conductor.HEADLINE_METRICS,
         stratify_questions=shared.STRATIFY_QUESTIONS.value,
         recursion_rounds=recursion_rounds,
         seed=shared.SEED.value,

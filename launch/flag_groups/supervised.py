@@ -1,9 +1,11 @@
-"""The supervised warm-start trainer's flags (`rl.supervised.SFTConfig`)."""
+"""The supervised warm-start trainer's flags (`rl.supervised.SFTConfig`, with the Conductor's task probe as its head:
+`conductor.supervised.TaskProbe`)."""
 
 from __future__ import annotations
 
 from absl import flags
 
+from conductor.supervised import TaskProbe
 from launch.flag_groups import field_choices, shared
 from rl.learner import OptimizerConfig
 from rl.supervised import SFTConfig
@@ -36,13 +38,15 @@ def from_flags(steps: int, domains: int) -> SFTConfig:
         learning_rate=_LR.value, schedule=_LR_SCHEDULE.value, warmup_steps=min(_WARMUP.value, steps),
         total_steps=max(steps, 1),
     )
-    probe = _DOMAIN_PROBE_WEIGHT.value > 0
+    if _DOMAIN_DECORRELATION_WEIGHT.value and not _DOMAIN_PROBE_WEIGHT.value:
+        raise ValueError("--sft_domain_decorrelation_weight needs the probe's labels (--sft_domain_probe_weight > 0)")
+    head = None
+    if _DOMAIN_PROBE_WEIGHT.value > 0:
+        head = TaskProbe(domains, _DOMAIN_PROBE_WEIGHT.value, _DOMAIN_DECORRELATION_WEIGHT.value)
     return SFTConfig(
         optimizer=optimizer,
         batch_size=_BATCH.value,
         seed=shared.SEED.value,
-        probe_classes=domains if probe else 0,
-        probe_weight=_DOMAIN_PROBE_WEIGHT.value,
-        decorrelation_weight=_DOMAIN_DECORRELATION_WEIGHT.value,
+        head=head,
         share_prompts=shared.SHARE_PROMPTS.value,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from conductor.advantages import ROUTE
 from env.gym_env import ConductorEnv
 from env.workflow import Step, Workflow
 from env.worlds import SyntheticWorldConfig, build_world
@@ -31,7 +32,8 @@ def test_oracle_route_says_whether_the_final_worker_is_the_optimal_plans(world):
     rollouts = world.score([question] * 3, completions, [None] * 3, [0, 1, 2])
     assert [r.metrics["oracle_route"] for r in rollouts] == [1.0, 0.0, 0.0]
     assert [r.metrics["valid_format"] for r in rollouts] == [1.0, 1.0, 0.0]
-    assert rollouts[0].workers == (best,) and rollouts[1].workers == (other,)
+    assert rollouts[0].labels[ROUTE] == (best,) and rollouts[1].labels[ROUTE] == (other,)
+    assert rollouts[0].record == {"workers": [best]} and rollouts[1].histograms == {"workers_chosen": (other,)}
 
 
 def test_a_recursion_round_that_keeps_its_answer_is_routed_as_the_round_that_gave_it(world):
@@ -41,7 +43,7 @@ def test_a_recursion_round_that_keeps_its_answer_is_routed_as_the_round_that_gav
     first = world.score([question] * 2, [_completion(world, best), _completion(world, other)], [None] * 2, [0, 1])
     keep = world.tokenizer.encode(completion_text(Workflow(steps=())), add_special_tokens=False)
     kept = world.score([question] * 2, [keep, keep], [r.context for r in first], [2, 3])
-    assert [r.metrics["valid_format"] for r in kept] == [1.0, 1.0] and [r.workers for r in kept] == [(), ()]
+    assert [r.metrics["valid_format"] for r in kept] == [1.0, 1.0] and [r.labels[ROUTE] for r in kept] == [None, None]
     assert [r.metrics["oracle_route"] for r in kept] == [1.0, 0.0]
 
 
@@ -92,9 +94,9 @@ def test_scored_rollouts_name_the_token_of_each_worker_id(world):
     workflow = Workflow(steps=(Step(2, "Solve it."), Step(0, "Check it.", "all")), reasoning="Two steps.")
     completion = world.tokenizer.encode(completion_text(workflow), add_special_tokens=False)
     rollout, unparsed = world.score([0, 0], [completion, world.tokenizer.encode("no workflow")], [None] * 2, [0, 1])
-    assert rollout.workers == (2, 0) and len(rollout.route_tokens) == 2
-    assert [world.tokenizer.decode([completion[i]]).strip() for i in rollout.route_tokens] == ["2", "0"]
-    assert unparsed.workers == () and unparsed.route_tokens == ()
+    assert rollout.labels[ROUTE] == (2, 0) and len(rollout.marked_tokens[ROUTE]) == 2
+    assert [world.tokenizer.decode([completion[i]]).strip() for i in rollout.marked_tokens[ROUTE]] == ["2", "0"]
+    assert unparsed.labels[ROUTE] is None and tuple(unparsed.marked_tokens[ROUTE]) == ()
 
 
 def test_route_token_ids_are_the_tokens_that_write_each_workers_id_where_a_workflow_names_it(world):

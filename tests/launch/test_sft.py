@@ -212,7 +212,7 @@ def test_stratified_world_examples_draw_the_task_domains_equally():
     world = _replay_world(expected_grades=True)  # 10 GSM8K and 10 ARC-Challenge questions
     stratified = TeacherConfig(teacher="world", templates=("single",), stratify_questions=True)
     examples = teachers.world_examples(world, 8 * len(ROUTERDC_MODELS), random.Random(2), stratified)
-    drawn = question_order(world.num_questions, random.Random(2).randrange(2**31), 0, 8, world.question_strata)
+    drawn = question_order(world.num_questions, random.Random(2).randrange(2**31), 0, 8, world.question_labels)
     assert collections.Counter(world.tasks[q].domain for q in drawn) == {"gsm8k": 4, "arc_challenge": 4}
     assert {_route(world, e)[0] for e in examples} <= set(drawn)
     unstratified = question_order(world.num_questions, random.Random(2).randrange(2**31), 0, 8)

@@ -65,10 +65,12 @@ def test_optimizer_flags_reach_the_learner_config():
 def test_the_entropy_flags_reach_the_loss_config_with_the_route_tokens_and_a_negative_route_bonus_is_refused():
     with flagsaver.flagsaver(entropy_coef=0.02, route_entropy_coef=0.01):
         loss = learner_config(route_token_ids=(32, 33, 34)).loss
-        with pytest.raises(ValueError, match="route_token_ids"):
+        with pytest.raises(ValueError, match="route_entropy needs token_ids"):
             learner_config()
-    assert (loss.entropy_coef, loss.route_entropy_coef, loss.route_token_ids) == (0.02, 0.01, (32, 33, 34))
-    assert loss.reads_route_positions and not learner_config().loss.reads_route_positions
+    [term] = loss.auxiliary_terms
+    assert (loss.entropy_coef, term.name, term.coef) == (0.02, "route_entropy", 0.01)
+    assert term.kwargs == {"token_ids": (32, 33, 34)}
+    assert loss.token_positions_read == ("route",) and learner_config().loss.auxiliary_terms == ()
     with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match="route_entropy_coef"):
         flags.FLAGS(["train", "--route_entropy_coef=-0.1"])
 
@@ -76,13 +78,25 @@ def test_the_entropy_flags_reach_the_loss_config_with_the_route_tokens_and_a_neg
 def test_the_route_entropy_decay_ratio_counts_the_runs_optimizer_steps():
     # 32 completions in mini-batches of 8, ten iterations: 40 optimizer steps, the bonus gone after 30 of them.
     with flagsaver.flagsaver(route_entropy_coef=0.01, route_entropy_decay_ratio=0.75, iterations=10, mini_batch_size=8):
-        loss = learner_config(route_token_ids=(32, 33)).loss
-    assert loss.route_entropy_decay_steps == 30
-    assert float(loss.route_entropy_coef_at(15)) == pytest.approx(0.005) and loss.route_entropy_coef_at(30) == 0.0
+        [term] = learner_config(route_token_ids=(32, 33)).loss.auxiliary_terms
+    assert term.decay_steps == 30
+    assert float(term.coef_at(15)) == pytest.approx(0.005) and term.coef_at(30) == 0.0
     with flagsaver.flagsaver(route_entropy_decay_ratio=0.5), pytest.raises(ValueError, match="decay_steps"):
         learner_config()
     with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match="route_entropy_decay_ratio"):
         flags.FLAGS(["train", "--route_entropy_decay_ratio=1.5"])
+
+
+def test_the_conductors_transform_and_term_flags_become_registered_transforms_and_terms_in_order():
+    with flagsaver.flagsaver(pool_routes_by_stratum=0.5, balance_routes=0.25, route_weighting="inverse_propensity",
+                             route_weight_cap=3.0, domain_decorrelation_coef=0.2):
+        loop = loop_flags.from_flags(0)
+        loss = learner_config().loss
+    assert [(t.name, dict(t.options)) for t in loop.advantage_transforms] == [
+        ("pool_routes", {"fraction": 0.5}), ("balance_routes", {"fraction": 0.25}), ("route_propensity", {"cap": 3.0})
+    ]
+    assert [(t.name, t.coef) for t in loss.auxiliary_terms] == [("decorrelation", 0.2)]
+    assert loop_flags.from_flags(0).advantage_transforms == ()
 
 
 def test_the_renamed_num_iterations_flag_is_refused_with_its_new_name():

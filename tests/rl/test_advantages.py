@@ -45,131 +45,53 @@ def test_grpo_batch_and_no_scaling():
     np.testing.assert_allclose(advantages.compute("dr_grpo", rewards, group_ids), centred, rtol=1e-5, atol=1e-6)
 
 
-def _strata_of_groups(group_ids):
-    """Groups 10 and 20 in stratum "a", 30 and 40 in "b" (the singleton group 10 included)."""
+def _labels_of_groups(group_ids):
+    """Groups 10 and 20 labelled "a", 30 and 40 "b" (the singleton group 10 included)."""
     return np.where(group_ids <= 20, "a", "b")
 
 
-def test_grpo_stratum_scaling_divides_by_the_std_of_the_centred_rewards_over_each_stratum():
+def test_grpo_label_scaling_divides_by_the_std_of_the_centred_rewards_over_each_label():
     rewards, group_ids, _ = _random_batch(3)
-    strata = _strata_of_groups(group_ids)
+    labels = _labels_of_groups(group_ids)
     centred = np.zeros_like(rewards)
     for idx in _members(group_ids):
         centred[idx] = rewards[idx] - rewards[idx].mean()
     expected = np.zeros_like(rewards)
     for label in ("a", "b"):
-        idx = np.nonzero(strata == label)[0]
+        idx = np.nonzero(labels == label)[0]
         expected[idx] = centred[idx] / (np.std(centred[idx], ddof=1) + 1e-4)
-    got = advantages.compute("grpo", rewards, group_ids, strata=strata, options={"std_scaling": "stratum"})
+    got = advantages.compute("grpo", rewards, group_ids, labels=labels, options={"std_scaling": "label"})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     for label in ("a", "b"):
-        assert np.std(got[strata == label], ddof=1) == pytest.approx(1.0, abs=1e-3)
+        assert np.std(got[labels == label], ddof=1) == pytest.approx(1.0, abs=1e-3)
 
 
-def test_grpo_stratum_scaling_lets_no_stratum_outweigh_another_by_the_size_of_its_reward_differences():
+def test_grpo_label_scaling_lets_no_label_outweigh_another_by_the_size_of_its_reward_differences():
     rewards, group_ids, _ = _random_batch(4)
-    strata = _strata_of_groups(group_ids)
-    louder = np.where(strata == "b", 10.0 * rewards, rewards)
+    labels = _labels_of_groups(group_ids)
+    louder = np.where(labels == "b", 10.0 * rewards, rewards)
 
     def scaled(values, std_scaling):
-        return advantages.compute("grpo", values, group_ids, strata=strata, options={"std_scaling": std_scaling})
+        return advantages.compute("grpo", values, group_ids, labels=labels, options={"std_scaling": std_scaling})
 
-    np.testing.assert_allclose(scaled(louder, "stratum"), scaled(rewards, "stratum"), rtol=1e-4, atol=1e-5)
-    quiet = strata == "a"
+    np.testing.assert_allclose(scaled(louder, "label"), scaled(rewards, "label"), rtol=1e-4, atol=1e-5)
+    quiet = labels == "a"
     assert np.abs(scaled(louder, "batch")[quiet]).sum() < 0.5 * np.abs(scaled(rewards, "batch")[quiet]).sum()
 
 
-def test_strata_reach_only_the_estimators_that_declare_them_and_must_fit_the_rewards():
+def test_labels_reach_only_the_estimators_that_declare_them_and_must_fit_the_rewards():
     rewards, group_ids, _ = _random_batch(5)
-    strata = _strata_of_groups(group_ids)
+    labels = _labels_of_groups(group_ids)
     np.testing.assert_array_equal(
-        advantages.compute("rloo", rewards, group_ids, strata=strata), advantages.compute("rloo", rewards, group_ids)
+        advantages.compute("rloo", rewards, group_ids, labels=labels), advantages.compute("rloo", rewards, group_ids)
     )
-    with pytest.raises(ValueError, match="std_scaling='stratum' needs the completions' strata"):
-        advantages.compute("grpo", rewards, group_ids, options={"std_scaling": "stratum"})
-    with pytest.raises(ValueError, match="strata shape"):
-        advantages.compute("grpo", rewards, group_ids, strata=strata[:-1], options={"std_scaling": "stratum"})
-    with pytest.raises(ValueError, match="takes no option 'strata'"):
-        advantages.check_options("grpo", {"strata": strata})
+    with pytest.raises(ValueError, match="std_scaling='label' needs the completions' labels"):
+        advantages.compute("grpo", rewards, group_ids, options={"std_scaling": "label"})
+    with pytest.raises(ValueError, match="labels shape"):
+        advantages.compute("grpo", rewards, group_ids, labels=labels[:-1], options={"std_scaling": "label"})
+    with pytest.raises(ValueError, match="takes no option 'labels'"):
+        advantages.check_options("grpo", {"labels": labels})
 
-
-def test_balance_routes_removes_each_routes_batch_mean_and_leaves_rows_without_a_route():
-    values = np.asarray([1.0, -0.5, 2.0, 0.25, -1.0, 3.0], dtype=np.float32)
-    routes = [(0,), (1,), (0,), None, (1,), (0, 1)]
-    balanced = advantages.balance_routes(values, routes)
-    expected = values.copy()
-    expected[[0, 2]] -= 1.5
-    expected[[1, 4]] -= -0.75
-    expected[5] = 0.0
-    np.testing.assert_allclose(balanced, expected, rtol=1e-6)
-    for route in [(0,), (1,), (0, 1)]:
-        assert sum(balanced[i] for i, r in enumerate(routes) if r == route) == pytest.approx(0.0, abs=1e-6)
-    with pytest.raises(ValueError, match="5 routes for advantages of shape"):
-        advantages.balance_routes(values, routes[:5])
-
-
-def test_balance_routes_by_a_fraction_removes_that_fraction_of_each_routes_batch_mean():
-    values = np.asarray([1.0, -0.5, 2.0, 0.25, -1.0, 3.0], dtype=np.float32)
-    routes = [(0,), (1,), (0,), None, (1,), (0, 1)]
-    partly = advantages.balance_routes(values, routes, fraction=0.4)
-    expected = values - 0.4 * np.asarray([1.5, -0.75, 1.5, 0.0, -0.75, 3.0], dtype=np.float32)
-    np.testing.assert_allclose(partly, expected, rtol=1e-6)
-    np.testing.assert_array_equal(advantages.balance_routes(values, routes, fraction=0.0), values)
-    for fraction in (-0.1, 1.5, float("nan")):
-        with pytest.raises(ValueError, match="fraction must lie in"):
-            advantages.balance_routes(values, routes, fraction=fraction)
-
-
-def test_pooling_routes_by_stratum_gives_each_strata_route_its_mean_and_keeps_each_routes_batch_sum():
-    values = np.asarray([1.0, -0.5, 2.0, 0.25, -1.0, 3.0, 0.5, -2.0], dtype=np.float32)
-    routes = [(0,), (1,), (0,), None, (1,), (0,), (1,), (0,)]
-    strata = ["x", "x", "x", "x", "x", "y", "y", "y"]
-    pooled = advantages.pool_routes_by_stratum(values, routes, strata)
-    # x: route 0 rows 0, 2 (mean 1.5), route 1 rows 1, 4 (mean -0.75); y: route 0 rows 5, 7 (0.5), route 1 row 6.
-    expected = np.asarray([1.5, -0.75, 1.5, 0.25, -0.75, 0.5, 0.5, 0.5], dtype=np.float32)
-    np.testing.assert_allclose(pooled, expected, rtol=1e-6)
-    for route in [(0,), (1,)]:
-        rows = [i for i, r in enumerate(routes) if r == route]
-        assert pooled[rows].sum() == pytest.approx(values[rows].sum(), abs=1e-6)
-    partly = advantages.pool_routes_by_stratum(values, routes, strata, fraction=0.25)
-    np.testing.assert_allclose(partly, 0.75 * values + 0.25 * expected, rtol=1e-6)
-    np.testing.assert_array_equal(advantages.pool_routes_by_stratum(values, routes, strata, fraction=0.0), values)
-
-
-def test_pooling_routes_by_stratum_refuses_mismatched_strata_routes_and_fractions():
-    values = np.asarray([1.0, -1.0, 0.5], dtype=np.float32)
-    routes = [(0,), (1,), (0,)]
-    with pytest.raises(ValueError, match="2 strata for advantages of shape"):
-        advantages.pool_routes_by_stratum(values, routes, ["x", "y"])
-    with pytest.raises(ValueError, match="2 routes for advantages of shape"):
-        advantages.pool_routes_by_stratum(values, routes[:2], ["x", "y", "x"])
-    for fraction in (-0.1, 1.5, float("nan")):
-        with pytest.raises(ValueError, match="fraction must lie in"):
-            advantages.pool_routes_by_stratum(values, routes, ["x", "y", "x"], fraction=fraction)
-
-
-
-def test_inverse_propensity_route_weights_are_inverse_probabilities_over_their_batch_mean_capped():
-    logprobs = [[np.log(0.5)], [np.log(0.25), np.log(0.1)], []]
-    # Inverse probabilities 2, 4, 10; their mean 16/3.
-    weights = advantages.inverse_propensity_route_weights(logprobs, cap=5.0)
-    for row, expected in zip(weights, ([0.375], [0.75, 1.875], [])):
-        np.testing.assert_allclose(row, expected, rtol=1e-6)
-    capped = advantages.inverse_propensity_route_weights(logprobs, cap=1.5)
-    np.testing.assert_allclose(np.concatenate(capped), [0.375, 0.75, 1.5], rtol=1e-6)
-    # A token sampled at a log-prob whose inverse probability overflows a float64 still gets a finite weight: twice
-    # the mean of two inverse probabilities of which it is nearly the whole sum.
-    extreme = advantages.inverse_propensity_route_weights([[-800.0], [np.log(0.5)]], cap=5.0)
-    np.testing.assert_allclose(np.concatenate(extreme), [2.0, 0.0], rtol=1e-6, atol=1e-30)
-    assert advantages.inverse_propensity_route_weights([[], []], cap=5.0)[0].size == 0
-
-
-def test_inverse_propensity_route_weights_refuse_a_cap_below_one_and_non_finite_log_probs():
-    for cap in (0.5, float("nan")):
-        with pytest.raises(ValueError, match="cap must be >= 1"):
-            advantages.inverse_propensity_route_weights([[-1.0]], cap=cap)
-    with pytest.raises(ValueError, match="must be finite"):
-        advantages.inverse_propensity_route_weights([[-1.0], [float("-inf")]], cap=5.0)
 
 def test_rloo_subtracts_mean_of_other_samples():
     rewards, group_ids, _ = _random_batch(2)
@@ -346,7 +268,7 @@ def test_an_option_reaches_the_estimator_that_declares_it(monkeypatch):
         advantages.compute("scaled", [1.0, -2.0], [0, 0], options={"scale": "3"})
 
 
-def test_the_registered_estimators_declare_their_options_and_lengths_and_strata_are_not_options():
+def test_the_registered_estimators_declare_their_options_and_lengths_and_labels_are_not_options():
     assert advantages.accepted_options("grpo") == {"std_scaling": "group", "eps": 1e-4}
     assert advantages.accepted_options("reinforce_pp") == {"whiten": "token", "eps": 1e-8}
     assert advantages.accepted_options("opo") == {} and advantages.accepted_options("dr_grpo") == {}
@@ -359,7 +281,7 @@ def test_the_registered_estimators_declare_their_options_and_lengths_and_strata_
         ("grpo", {"whiten": "token"}, r"estimator 'grpo' takes no option 'whiten'; it takes \['eps', 'std_scaling'\]"),
         ("grpo", {"eps": True}, r"'grpo': option 'eps' must be float, got True"),
         ("grpo", {"std_scaling": "rows"},
-         r"'grpo': option 'std_scaling' must be \('group', 'batch', 'stratum', 'none'\)"),
+         r"'grpo': option 'std_scaling' must be \('group', 'batch', 'label', 'none'\)"),
         ("opo", {"lengths": [1.0, 2.0]}, r"'opo' takes no option 'lengths'"),
     ],
 )

@@ -9,15 +9,18 @@ import dataclasses
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from models.config import ModelConfig
 from models.transformer import Transformer
+from rl import advantages, auxiliary
+from rl.auxiliary import TermConfig, TermSpec
 from rl.checkpoint import Checkpointer
 from rl.learner import LearnerConfig, OptimizerConfig
-from rl.loop import LoopConfig, Rollout, TrainingLoop, question_order
+from rl.loop import QUESTION_LABEL, LoopConfig, Rollout, TrainingLoop, question_order
 from rl.losses import LossConfig
 from rl.metrics import MetricsWriter
 from rollout.types import SamplingParams
@@ -37,8 +40,9 @@ class ParityWorld:
     constant_reward: float | None = None
     followup: bool = False
     second_reward: float = 0.75
-    question_strata: tuple[str, ...] | None = None
-    routes: int = 1  # a first round calls worker (first completion token mod routes), decided by that token
+    question_labels: tuple[str, ...] | None = None
+    choices: int = 1  # a first round chooses (first completion token mod choices), its first token marked
+    choice_name: str = "choice"  # the name of that label and marked token
 
     def prompt_ids(self, question):
         return [1, 2, question + 3]
@@ -50,8 +54,11 @@ class ParityWorld:
                 rollouts.append(Rollout(self.second_reward, {"correct": self.second_reward}))
                 continue
             reward = self.constant_reward if self.constant_reward is not None else float(completion[0] % 2 == 0)
-            rollouts.append(Rollout(reward, {"correct": reward}, workers=(completion[0] % self.routes,),
-                                    route_tokens=(0,),
+            rollouts.append(Rollout(reward, {"correct": reward},
+                                    labels={self.choice_name: (completion[0] % self.choices,)},
+                                    marked_tokens={self.choice_name: (0,)},
+                                    record={"choices": [completion[0] % self.choices]},
+                                    histograms={"choices": (completion[0] % self.choices,)},
                                     context="first" if self.followup else None,
                                     followup_prompt_ids=[1, 2, 200] if self.followup else None))
         return rollouts
@@ -101,162 +108,107 @@ def test_question_order_is_a_pure_function_of_the_data_position():
 
 
 def test_stratified_order_takes_the_labels_in_turn_and_each_label_through_all_its_questions():
-    strata = ("b", "a", "c", "a", "b", "a", "c", "a", "b", "a")  # a: 5 questions, b: 3, c: 2
-    whole = question_order(10, seed=3, position=0, count=30, strata=strata)
-    assert question_order(10, 3, 0, 13, strata) + question_order(10, 3, 13, 17, strata) == whole
-    assert [strata[q] for q in whole] == ["a", "b", "c"] * 10
+    labels = ("b", "a", "c", "a", "b", "a", "c", "a", "b", "a")  # a: 5 questions, b: 3, c: 2
+    whole = question_order(10, seed=3, position=0, count=30, labels=labels)
+    assert question_order(10, 3, 0, 13, labels) + question_order(10, 3, 13, 17, labels) == whole
+    assert [labels[q] for q in whole] == ["a", "b", "c"] * 10
     for label, size in (("a", 5), ("b", 3), ("c", 2)):
-        stream = [q for q in whole if strata[q] == label]
+        stream = [q for q in whole if labels[q] == label]
         for epoch in range(len(stream) // size):
-            assert sorted(stream[size * epoch : size * (epoch + 1)]) == [q for q in range(10) if strata[q] == label]
-    # Without strata the stream is the one earlier runs used: a seeded permutation per epoch.
+            assert sorted(stream[size * epoch : size * (epoch + 1)]) == [q for q in range(10) if labels[q] == label]
+    # Without labels the stream is the one earlier runs used: a seeded permutation per epoch.
     assert question_order(10, 3, 0, 10) == [int(q) for q in np.random.default_rng([3, 0]).permutation(10)]
-    with pytest.raises(ValueError, match="9 strata labels for 10 questions"):
-        question_order(10, 3, 0, 1, strata[:9])
+    with pytest.raises(ValueError, match="9 question labels for 10 questions"):
+        question_order(10, 3, 0, 1, labels[:9])
 
 
-def test_a_stratified_loop_asks_one_question_of_each_domain_per_iteration():
-    world = ParityWorld(num_questions=6, question_strata=("x", "x", "x", "x", "y", "y"))
+def test_a_stratified_loop_asks_one_question_of_each_label_per_iteration():
+    world = ParityWorld(num_questions=6, question_labels=("x", "x", "x", "x", "y", "y"))
     loop, _ = make_loop(world, iterations=3, stratify_questions=True)
     loop.run()
     for batch in loop.learner.batches:
         questions = {int(q) - 3 for q in np.asarray(batch.tokens)[:, batch.completion_start - 1]}
-        assert sorted(world.question_strata[q] for q in questions) == ["x", "y"]
-    with pytest.raises(ValueError, match="question_strata"):
+        assert sorted(world.question_labels[q] for q in questions) == ["x", "y"]
+    with pytest.raises(ValueError, match="question_labels"):
         make_loop(ParityWorld(), stratify_questions=True)
 
 
-def test_the_questions_strata_reach_the_estimator_and_stratum_scaling_gives_each_unit_variance():
-    world = ParityWorld(num_questions=6, question_strata=("x", "x", "x", "y", "y", "y"))
-    loop, _ = make_loop(world, iterations=4, stratify_questions=True, estimator_options={"std_scaling": "stratum"})
+def test_the_questions_labels_reach_the_estimator_and_label_scaling_gives_each_unit_variance():
+    world = ParityWorld(num_questions=6, question_labels=("x", "x", "x", "y", "y", "y"))
+    loop, _ = make_loop(world, iterations=4, stratify_questions=True, estimator_options={"std_scaling": "label"})
     loop.run()
     checked = 0
     for batch in loop.learner.batches:
         questions = np.asarray(batch.tokens)[:, batch.completion_start - 1] - 3
-        row_strata = np.asarray([world.question_strata[q] for q in questions])
+        row_labels = np.asarray([world.question_labels[q] for q in questions])
         for label in ("x", "y"):
-            values = np.asarray(batch.advantages)[row_strata == label, batch.completion_start]
+            values = np.asarray(batch.advantages)[row_labels == label, batch.completion_start]
             if np.any(values != 0):
                 assert np.std(values, ddof=1) == pytest.approx(1.0, abs=1e-3)
                 checked += 1
     assert checked > 0
-    with pytest.raises(ValueError, match="std_scaling='stratum' needs an environment with question_strata"):
-        make_loop(ParityWorld(), estimator_options={"std_scaling": "stratum"})
+    with pytest.raises(ValueError, match="std_scaling='label' needs an environment with question_labels"):
+        make_loop(ParityWorld(), estimator_options={"std_scaling": "label"})
 
 
-def test_balanced_routes_leave_every_route_a_zero_advantage_sum_in_each_batch():
-    world = ParityWorld(routes=3)
-    loop, _ = make_loop(world, iterations=4, balance_routes=1.0)
-    loop.run()
-    moved = 0
-    for batch in loop.learner.batches:
-        values = np.asarray(batch.advantages)[:, batch.completion_start]
-        routes = first_completion_tokens(batch) % 3
-        moved += int(np.any(values != 0))
-        for route in np.unique(routes):
-            assert values[routes == route].sum() == pytest.approx(0.0, abs=1e-5)
-    assert moved > 0, "balancing left no advantage at all"
+def scale_marked(batch: advantages.AdvantageBatch, *, factor: float = 2.0) -> advantages.Transformed:
+    """A test transform: every advantage plus one where the row's question is labelled "x" and its choice is 0, and
+    each row's marked choice token's advantage times `factor`."""
+    chosen = np.array([label == "x" and choice == (0,) for label, choice in
+                       zip(batch.question_labels, batch.labels["choice"])])
+    marked = batch.marked_tokens["choice"]
+    return advantages.Transformed(
+        batch.advantages + chosen, marked, [[factor] * len(tokens) for tokens in marked],
+        {"chosen": float(chosen.sum())},
+    )
 
 
-def test_loop_config_refuses_a_route_balancing_fraction_outside_zero_to_one():
-    for fraction in (-0.5, 1.01):
-        with pytest.raises(ValueError, match="balance_routes is a fraction in"):
-            LoopConfig(iterations=1, balance_routes=fraction)
-
-
-def test_pooled_routes_give_every_completion_of_a_domain_and_route_one_advantage():
-    world = ParityWorld(num_questions=6, routes=3, question_strata=("x", "x", "x", "y", "y", "y"))
-    loop, _ = make_loop(world, iterations=4, stratify_questions=True, pool_routes_by_stratum=1.0)
-    loop.run()
-    pooled = 0
-    for batch in loop.learner.batches:
-        values = np.asarray(batch.advantages)[:, batch.completion_start]
-        routes = first_completion_tokens(batch) % 3
-        questions = np.asarray(batch.tokens)[:, batch.completion_start - 1] - 3
-        row_strata = np.asarray([world.question_strata[q] for q in questions])
-        for label in ("x", "y"):
-            for route in np.unique(routes[row_strata == label]):
-                shared = values[(row_strata == label) & (routes == route)]
-                np.testing.assert_allclose(shared, shared[0], atol=1e-6)
-                pooled += int(shared.size > 1 and shared[0] != 0)
-    assert pooled > 0, "no domain had a route taken twice with a non-zero advantage"
-    with pytest.raises(ValueError, match="pool_routes_by_stratum needs an environment with question_strata"):
-        make_loop(ParityWorld(), pool_routes_by_stratum=1.0)
-    for fraction in (-0.5, 1.01):
-        with pytest.raises(ValueError, match="pool_routes_by_stratum is a fraction in"):
-            LoopConfig(iterations=1, pool_routes_by_stratum=fraction)
-
-
-
-def test_inverse_propensity_route_weighting_scales_the_route_tokens_advantage_alone():
-    loop, _ = make_loop(ParityWorld(routes=3), iterations=3, sampler=SeededSampler(varied_logprobs=True),
-                        route_weighting="inverse_propensity", route_weight_cap=2.0)
+def test_a_transform_reads_the_rollouts_labels_and_marked_tokens_and_scales_its_tokens(monkeypatch, tmp_path):
+    monkeypatch.setitem(advantages.ADVANTAGE_TRANSFORMS, "scale_marked", scale_marked)
+    world = ParityWorld(num_questions=4, choices=2, question_labels=("x", "y", "x", "y"))
+    writer = MetricsWriter(tmp_path / "logs")
+    loop, _ = make_loop(world, iterations=2, writer=writer,
+                        advantage_transforms=(advantages.TransformConfig("scale_marked", {"factor": 3.0}),))
     history = loop.run()
-    reweighted = 0
-    for batch in loop.learner.batches:
+    writer.close()
+    rollouts = [json.loads(line) for line in (tmp_path / "logs" / "rollouts.jsonl").read_text().splitlines()]
+    chosen_rows = 0
+    for batch, scalars in zip(loop.learner.batches, history):
         values, start = np.asarray(batch.advantages), batch.completion_start
-        # The route is decided by the first completion token; the later ones keep the sequence's advantage.
-        sequence = values[:, start + 1]
-        np.testing.assert_array_equal(values[:, start + 2], sequence)
-        inverse = np.exp(-np.asarray(batch.sampler_logprobs, dtype=np.float64)[:, start])
-        np.testing.assert_allclose(values[:, start], sequence * np.minimum(2.0, inverse / inverse.mean()), rtol=1e-5)
-        reweighted += int(np.any(np.abs(values[:, start] - sequence) > 1e-6))
-    assert reweighted > 0, "no route token's advantage moved"
-    assert all(0.0 < h["advantage/route_weight_max"] <= 2.0 for h in history)
+        first = first_completion_tokens(batch)
+        questions = np.asarray(batch.tokens)[:, start - 1] - 3
+        chosen = (np.asarray(world.question_labels)[questions] == "x") & (first % 2 == 0)
+        assert scalars["advantage/chosen"] == chosen.sum()
+        estimated = advantages.compute("grpo", (first % 2 == 0).astype(float), np.arange(8) // 4)
+        np.testing.assert_allclose(values[:, start + 1], estimated + chosen, rtol=1e-6)
+        # The marked (first) token carries factor x the row's final advantage, the others the advantage itself.
+        np.testing.assert_allclose(values[:, start], 3.0 * values[:, start + 1], rtol=1e-6)
+        chosen_rows += int(chosen.sum())
+    assert chosen_rows > 0
+    # The rollouts' records reach rollouts.jsonl.
+    assert {tuple(r["choices"]) for r in rollouts} <= {(0,), (1,)} and len(rollouts) == 16
 
 
-class RoutedAtTheSecondToken(ParityWorld):
-    """The route is written by the second completion token, when it is not a multiple of 3 (else no route)."""
+def test_the_rows_reach_the_learner_with_the_positions_and_labels_its_terms_read(monkeypatch):
+    def reads(inputs):
+        return jnp.float32(0.0), {}
 
-    def score(self, questions, completions, contexts, sample_ids):
-        rollouts = super().score(questions, completions, contexts, sample_ids)
-        return [
-            dataclasses.replace(rollout, route_tokens=(1,) if len(completion) > 1 and completion[1] % 3 else ())
-            for rollout, completion in zip(rollouts, completions)
-        ]
-
-
-def test_with_the_decorrelation_term_each_row_reaches_the_learner_with_its_domain_and_route_token():
-    world = RoutedAtTheSecondToken(num_questions=6, question_strata=("y", "x", "z", "x", "y", "z"))
+    monkeypatch.setitem(
+        auxiliary.AUXILIARY_TERMS, "reads", TermSpec(reads, token_positions=("choice",), row_labels=(QUESTION_LABEL,))
+    )
+    world = ParityWorld(num_questions=4, choices=2, question_labels=("y", "x", "z", "x"))
     model = Transformer(ModelConfig.from_hf(tiny_config("llama")), rngs=nnx.Rngs(0))
-    learner = RecordingLearner(model, LearnerConfig(loss=LossConfig(domain_decorrelation_coef=0.5)))
-    loop, _ = make_loop(world, iterations=3, learner=learner, stratify_questions=True)
-    history = loop.run()
-    routed = unrouted = 0
-    for batch in learner.batches:
-        questions = np.asarray(batch.tokens)[:, batch.completion_start - 1] - 3
-        second = np.asarray(batch.tokens)[:, batch.completion_start + 1]
-        has_route = np.asarray(batch.loss_mask).sum(axis=1) > 1
-        has_route &= second % 3 != 0
-        expected = np.where(has_route, ["xyz".index(world.question_strata[q]) for q in questions], -1)
-        np.testing.assert_array_equal(batch.domains, expected)
-        np.testing.assert_array_equal(np.asarray(batch.route_positions)[has_route], 1)
-        routed, unrouted = routed + int(has_route.sum()), unrouted + int((~has_route).sum())
-    assert routed > 0 and unrouted > 0
-    assert all(np.isfinite(h["learner/state_overlap"]) for h in history)
-    with pytest.raises(ValueError, match="domain_decorrelation_coef needs an environment with question_strata"):
-        make_loop(RoutedAtTheSecondToken(), learner=learner)
+    learner = RecordingLearner(model, LearnerConfig(loss=LossConfig(auxiliary_terms=(TermConfig("reads", 1.0),))))
+    loop, _ = make_loop(world, iterations=1, learner=learner)
+    loop.run()
+    [batch] = learner.batches
+    questions = np.asarray(batch.tokens)[:, batch.completion_start - 1] - 3
+    expected = ["xyz".index(world.question_labels[q]) for q in questions]
+    np.testing.assert_array_equal(batch.row_labels[QUESTION_LABEL], expected)
+    np.testing.assert_array_equal(batch.token_positions["choice"], 0)
+    with pytest.raises(ValueError, match="row label 'question' needs an environment with question_labels"):
+        make_loop(ParityWorld(), learner=learner)
 
-
-def test_with_the_route_entropy_bonus_an_environment_without_labels_gives_every_routed_row_domain_zero():
-    model = Transformer(ModelConfig.from_hf(tiny_config("llama")), rngs=nnx.Rngs(0))
-    learner = RecordingLearner(model, LearnerConfig(loss=LossConfig(route_entropy_coef=0.1, route_token_ids=(3, 4, 5))))
-    loop, _ = make_loop(RoutedAtTheSecondToken(num_questions=6), iterations=2, learner=learner)
-    history = loop.run()
-    for batch in learner.batches:
-        second = np.asarray(batch.tokens)[:, batch.completion_start + 1]
-        has_route = (np.asarray(batch.loss_mask).sum(axis=1) > 1) & (second % 3 != 0)
-        np.testing.assert_array_equal(batch.domains, np.where(has_route, 0, -1))
-        np.testing.assert_array_equal(np.asarray(batch.route_positions)[has_route], 1)
-    assert all(0.0 < h["learner/route_entropy"] for h in history)
-
-
-def test_loop_config_refuses_an_unknown_route_weighting_and_a_cap_below_one():
-    with pytest.raises(ValueError, match="unknown LoopConfig.route_weighting 'uniform'"):
-        LoopConfig(iterations=1, route_weighting="uniform")
-    for cap in (0.9, float("nan")):
-        with pytest.raises(ValueError, match="route_weight_cap must be >= 1"):
-            LoopConfig(iterations=1, route_weight_cap=cap)
 
 def test_each_iteration_updates_syncs_a_new_version_and_advances_the_data():
     loop, syncs = make_loop(ParityWorld(), iterations=3)

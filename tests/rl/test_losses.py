@@ -9,17 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import losses
-from rl.losses import (
-    Aggregation,
-    LossConfig,
-    aggregation_weights,
-    domain_state_overlap,
-    grpo_loss,
-    kl_penalty,
-    mismatch_weights,
-    probed_states,
-)
+from rl import auxiliary, losses
+from rl.auxiliary import TermConfig, TermInputs, TermSpec
+from rl.losses import Aggregation, LossConfig, aggregation_weights, grpo_loss, kl_penalty, mismatch_weights
 
 BATCH, TIME = 6, 9
 
@@ -40,13 +32,13 @@ def _inputs(seed: int = 0):
     # Garbage at masked positions must not leak into the loss.
     for array in (logprobs, old, sampler, ref, entropy):
         array[~mask] = rng.normal(scale=100.0, size=(~mask).sum())
-    route_entropy = rng.uniform(0.0, 2.0, size=BATCH)
-    route_entropy[2] = 0.0  # a row whose workflow wrote no worker id
+    row_bonus = rng.uniform(0.0, 2.0, size=BATCH)
+    row_bonus[2] = 0.0  # a row the auxiliary term does not read
     return dict(
         logprobs=logprobs.astype(np.float32), old_logprobs=old.astype(np.float32),
         sampler_logprobs=sampler.astype(np.float32), ref_logprobs=ref.astype(np.float32),
         entropy=entropy.astype(np.float32), advantages=advantages, loss_mask=mask,
-        route_entropy=route_entropy.astype(np.float32),
+        row_bonus=row_bonus.astype(np.float32),
     )
 
 
@@ -76,8 +68,8 @@ def _numpy_correction(old, sampler, config):
     return np.full_like(log_w, float(1 / cap <= geometric <= cap))
 
 
-def numpy_objective(config: LossConfig, data) -> float:
-    """The objective written out per sequence, in float64."""
+def numpy_objective(config: LossConfig, data, coef: float = 0.0) -> float:
+    """The objective written out per sequence, in float64; `coef` is the row bonus term's weight, if it is on."""
     per_sequence = []
     for row in range(BATCH):
         idx = np.nonzero(data["loss_mask"][row])[0]
@@ -100,8 +92,9 @@ def numpy_objective(config: LossConfig, data) -> float:
         terms = terms * _numpy_correction(old, sampler.astype(np.float64), config)
         terms = terms + config.kl_coef * _numpy_kl(logp, ref, config.kl_estimator)
         terms = terms - config.entropy_coef * entropy
-        # The route bonus weighs each row as the aggregation does: its route entropy on every one of its tokens.
-        terms = terms - config.route_entropy_coef * data["route_entropy"][row]
+        # The row bonus term weighs each row as the aggregation does: its bonus on every one of its tokens.
+        if config.auxiliary_terms:
+            terms = terms - coef * data["row_bonus"][row]
         per_sequence.append(terms)
     if config.aggregation == "token-mean":
         return np.concatenate(per_sequence).sum() / sum(t.size for t in per_sequence)
@@ -122,7 +115,26 @@ def _jax_objective(config: LossConfig, data, rows=slice(None), step=0):
         logprobs=take(data["logprobs"]), entropy=take(data["entropy"]), old_logprobs=take(data["old_logprobs"]),
         sampler_logprobs=take(data["sampler_logprobs"]), ref_logprobs=take(data["ref_logprobs"]),
         advantages=advantages[rows], loss_mask=mask[rows], token_weights=weights[rows],
-        num_tokens=mask.sum().astype(jnp.float32), route_entropy=take(data["route_entropy"]), step=step,
+        num_tokens=mask.sum().astype(jnp.float32), step=step,
+        term_inputs=TermInputs(
+            model=None, temperature=1.0, states={"bonus": take(data["row_bonus"])[:, None]}, positions={},
+            row_labels={}, loss_mask=mask[rows], token_weights=weights[rows], num_micro_batches=1,
+        ),
+    )
+
+
+def row_bonus(inputs: TermInputs) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """A test term: minus each row's bonus (its state's one entry), each row weighted as the aggregation weighs it."""
+    weighted = jnp.sum(inputs.token_weights.sum(axis=1) * inputs.states["bonus"][:, 0])
+    return -weighted, {"row_bonus": weighted}
+
+
+@pytest.fixture
+def bonus_term(monkeypatch):
+    """A factory of LossConfigs with the registered `row_bonus` term at coefficient `coef`."""
+    monkeypatch.setitem(auxiliary.AUXILIARY_TERMS, "row_bonus", TermSpec(row_bonus, token_positions=("bonus",)))
+    return lambda coef, decay_steps=0, **fields: LossConfig(
+        auxiliary_terms=(TermConfig("row_bonus", coef, decay_steps),), **fields
     )
 
 
@@ -140,11 +152,6 @@ CONFIGS = {
     "kl-k2+": LossConfig(kl_coef=0.1, kl_estimator="k2+"),
     "kl-k3+": LossConfig(kl_coef=0.1, kl_estimator="k3+", aggregation="token-mean"),
     "entropy": LossConfig(entropy_coef=0.01),
-    "route-entropy": LossConfig(route_entropy_coef=0.3, route_token_ids=(4, 7)),
-    "route-entropy-token-mean": LossConfig(route_entropy_coef=0.3, route_token_ids=(4, 7), aggregation="token-mean"),
-    "route-entropy-seq-mean-token-sum-norm": LossConfig(
-        route_entropy_coef=0.3, route_token_ids=(4, 7), aggregation="seq-mean-token-sum-norm", norm_length=12
-    ),
     "tis-token": LossConfig(mismatch_correction="tis-token", mismatch_cap=1.5),
     "tis-seq": LossConfig(mismatch_correction="tis-seq", mismatch_cap=3.0),
     "mask-token": LossConfig(mismatch_correction="mask-token", mismatch_cap=1.5),
@@ -172,64 +179,60 @@ def test_mismatch_corrections_actually_change_weights():
         assert np.any(active != 1.0) and np.all(active >= 0.0), kind
 
 
-def test_the_decorrelation_term_adds_its_weighted_overlap_to_the_loss_and_logs_it():
-    data = _inputs(2)
-    plain_loss, plain_metrics = _jax_objective(LossConfig(), data)
-    config = LossConfig(domain_decorrelation_coef=0.5)
-    mask = jnp.asarray(data["loss_mask"])
-    loss, metrics = grpo_loss(
-        config,
-        logprobs=jnp.asarray(data["logprobs"]), entropy=jnp.asarray(data["entropy"]),
-        old_logprobs=jnp.asarray(data["old_logprobs"]), sampler_logprobs=jnp.asarray(data["sampler_logprobs"]),
-        ref_logprobs=None,
-        advantages=jnp.broadcast_to(jnp.asarray(data["advantages"], jnp.float32)[:, None], mask.shape),
-        loss_mask=mask, token_weights=aggregation_weights(mask, config), num_tokens=mask.sum().astype(jnp.float32),
-        state_overlap=jnp.float32(0.3),
-    )
-    np.testing.assert_allclose(float(loss), float(plain_loss) + 0.15, rtol=1e-6)
-    assert float(metrics["loss/decorrelation"]) == pytest.approx(0.15)
-    assert float(metrics["state_overlap"]) == pytest.approx(0.3)
-    assert float(metrics["loss/policy"]) == pytest.approx(float(plain_metrics["loss/policy"]))
-    with pytest.raises(ValueError, match="state_overlap"):
-        grpo_loss(
-            config, logprobs=mask * 0.0, entropy=mask * 0.0, old_logprobs=mask * 0.0, sampler_logprobs=mask * 0.0,
-            ref_logprobs=None, advantages=mask * 0.0, loss_mask=mask, token_weights=mask * 0.0, num_tokens=1.0,
-        )
+AGGREGATIONS_FOR_THE_TERM = {
+    "seq-mean-token-mean": {},
+    "token-mean": {"aggregation": "token-mean"},
+    "seq-mean-token-sum-norm": {"aggregation": "seq-mean-token-sum-norm", "norm_length": 12},
+}
 
 
-def test_the_route_entropy_metric_is_the_mean_route_entropy_over_rows_with_loss_tokens_and_is_required():
-    data = _inputs(0)
-    config = LossConfig(route_entropy_coef=0.3, route_token_ids=(4, 7))
-    _, metrics = _jax_objective(config, data)
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS_FOR_THE_TERM))
+def test_an_auxiliary_term_adds_its_weighted_value_to_the_objective_and_logs_it(bonus_term, aggregation):
+    config = bonus_term(0.3, **AGGREGATIONS_FOR_THE_TERM[aggregation])
+    for seed in range(2):
+        data = _inputs(seed)
+        loss, metrics = _jax_objective(config, data)
+        np.testing.assert_allclose(float(loss), numpy_objective(config, data, coef=0.3), rtol=2e-5, atol=1e-6)
+        assert float(metrics["loss/row_bonus"]) == pytest.approx(-0.3 * float(metrics["row_bonus"]), rel=1e-6)
     rows_with_tokens = data["loss_mask"].any(axis=1)
-    expected = data["route_entropy"][rows_with_tokens].astype(np.float64).mean()
-    assert float(metrics["route_entropy"]) == pytest.approx(expected, rel=1e-6)
-    assert float(metrics["loss/route_entropy"]) == pytest.approx(-0.3 * expected, rel=1e-6)
+    if aggregation == "seq-mean-token-mean":  # every row with tokens weighs 1 / rows
+        expected = data["row_bonus"][rows_with_tokens].astype(np.float64).mean()
+        assert float(metrics["row_bonus"]) == pytest.approx(expected, rel=1e-6)
     mask = jnp.asarray(data["loss_mask"])
-    with pytest.raises(ValueError, match="route_entropy"):
+    with pytest.raises(ValueError, match="'row_bonus' needs term_inputs"):
         grpo_loss(
             config, logprobs=mask * 0.0, entropy=mask * 0.0, old_logprobs=mask * 0.0, sampler_logprobs=mask * 0.0,
             ref_logprobs=None, advantages=mask * 0.0, loss_mask=mask, token_weights=mask * 0.0, num_tokens=1.0,
         )
 
 
-def test_a_decaying_route_entropy_bonus_falls_linearly_to_zero_over_its_decay_steps():
-    decaying = LossConfig(route_entropy_coef=0.3, route_token_ids=(4, 7), route_entropy_decay_steps=4)
-    coefs = [decaying.route_entropy_coef_at(step) for step in (0, 1, 2, 3, 4, 9)]
+def test_a_decaying_term_falls_linearly_to_zero_over_its_decay_steps(bonus_term):
+    decaying = bonus_term(0.3, decay_steps=4)
+    [term] = decaying.auxiliary_terms
+    coefs = [term.coef_at(step) for step in (0, 1, 2, 3, 4, 9)]
     assert all(type(coef) is float for coef in coefs)  # a host step needs no device op
     np.testing.assert_allclose(coefs, [0.3, 0.225, 0.15, 0.075, 0.0, 0.0], rtol=1e-12)
-    np.testing.assert_allclose(float(decaying.route_entropy_coef_at(jnp.int32(3))), 0.075, rtol=1e-6)
-    constant = dataclasses.replace(decaying, route_entropy_decay_steps=0)
-    assert constant.route_entropy_coef_at(10_000) == 0.3
+    np.testing.assert_allclose(float(term.coef_at(jnp.int32(3))), 0.075, rtol=1e-6)
+    assert [t.name for t in decaying.terms_on_at(3)] == ["row_bonus"] and decaying.terms_on_at(4) == ()
+    assert bonus_term(0.3).auxiliary_terms[0].coef_at(10_000) == 0.3
 
     # Inside a jitted step the step is traced, and the objective is the reference objective at that step's weight.
     data = _inputs(0)
     objective = jax.jit(lambda step: _jax_objective(decaying, data, step=step))
     for step, coef in ((0, 0.3), (1, 0.225), (6, 0.0)):
         loss, metrics = objective(jnp.int32(step))
-        expected = numpy_objective(dataclasses.replace(constant, route_entropy_coef=coef), data)
-        np.testing.assert_allclose(float(loss), expected, rtol=2e-5, atol=1e-6)
-        assert float(metrics["loss/route_entropy"]) == pytest.approx(-coef * float(metrics["route_entropy"]), abs=1e-7)
+        np.testing.assert_allclose(float(loss), numpy_objective(decaying, data, coef=coef), rtol=2e-5, atol=1e-6)
+        assert float(metrics["loss/row_bonus"]) == pytest.approx(-coef * float(metrics["row_bonus"]), abs=1e-7)
+
+
+def test_micro_batch_sums_equal_whole_batch_with_an_auxiliary_term(bonus_term):
+    config = bonus_term(0.3, aggregation="token-mean")
+    data = _inputs(1)
+    whole, whole_metrics = _jax_objective(config, data)
+    parts = [_jax_objective(config, data, slice(start, start + 2)) for start in range(0, BATCH, 2)]
+    np.testing.assert_allclose(sum(float(loss) for loss, _ in parts), float(whole), rtol=1e-6, atol=1e-7)
+    for key, value in whole_metrics.items():
+        np.testing.assert_allclose(sum(float(m[key]) for _, m in parts), float(value), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -309,16 +312,7 @@ def test_clip_fraction_metrics_count_clipped_tokens():
         (dict(aggregation="seq-mean-token-sum-norm"), "norm_length"),
         (dict(kl_coef=-1.0), "kl_coef"),
         (dict(mismatch_cap=1.0), "mismatch_cap"),
-        (dict(route_entropy_coef=-0.1), "route_entropy_coef"),
-        (dict(route_entropy_coef=float("nan")), "route_entropy_coef"),
-        (dict(route_entropy_coef=0.1), "route_token_ids"),
-        (dict(route_entropy_coef=0.1, route_token_ids=(3,)), "route_token_ids"),
-        (dict(route_entropy_coef=0.1, route_token_ids=(3, 3)), "route_token_ids"),
-        (dict(route_entropy_coef=0.1, route_token_ids=(-1, 3)), "route_token_ids"),
-        (dict(route_entropy_coef=0.1, route_token_ids=(3, 4), route_entropy_decay_steps=-1), "decay_steps"),
-        (dict(route_entropy_decay_steps=10), "decay_steps"),
-        (dict(domain_decorrelation_coef=-0.1), "domain_decorrelation_coef"),
-        (dict(domain_decorrelation_coef=float("nan")), "domain_decorrelation_coef"),
+        (dict(auxiliary_terms=("route_entropy",)), "must be TermConfigs"),
     ],
 )
 def test_bad_config_is_rejected(changes, message):
@@ -361,30 +355,3 @@ def test_the_zero_advantage_check_fails_for_a_loss_with_a_term_not_proportional_
     monkeypatch.setitem(losses.POLICY_LOSSES, "ppo-length-penalty", ppo_with_a_length_penalty)
     with pytest.raises(AssertionError, match="a zero-advantage row has a gradient"):
         assert_a_zero_advantage_row_has_no_gradient(LossConfig(policy_loss="ppo-length-penalty"))
-
-
-def test_domain_state_overlap_is_the_mean_squared_cosine_between_the_domains_mean_states():
-    rng = np.random.default_rng(3)
-    hidden = rng.normal(size=(7, 5, 6)).astype(np.float32)
-    positions = np.array([0, 4, 2, 1, 3, 0, 2])
-    labels = np.array([0, 0, 2, -1, 2, 3, 3])  # domain 1 absent, one row unlabelled
-    states = hidden[np.arange(7), positions]
-    means = {f: states[labels == f].mean(axis=0) for f in (0, 2, 3)}
-    cosines = [
-        means[f] @ means[g] / (np.linalg.norm(means[f]) * np.linalg.norm(means[g]))
-        for f in means for g in means if f != g
-    ]
-    probed = probed_states(jnp.asarray(hidden), jnp.asarray(positions))
-    np.testing.assert_array_equal(np.asarray(probed), states)
-    overlap = domain_state_overlap(probed, jnp.asarray(labels))
-    np.testing.assert_allclose(float(overlap), np.mean(np.square(cosines)), rtol=1e-5)
-    # Pairs of domains count once each, however many rows a domain has.
-    repeated = np.concatenate([np.arange(7), np.flatnonzero(labels == 0).repeat(5)])
-    repeated_overlap = domain_state_overlap(probed[repeated], jnp.asarray(labels[repeated]))
-    np.testing.assert_allclose(float(repeated_overlap), np.mean(np.square(cosines)), rtol=1e-5)
-    assert float(domain_state_overlap(probed, jnp.asarray([1] * 7))) == 0.0
-    assert float(domain_state_overlap(probed, jnp.asarray([-1] * 7))) == 0.0
-    # An unlabelled row's domain mean is 0: the overlap's gradient must stay finite there.
-    gradient = jax.grad(domain_state_overlap)(probed, jnp.asarray(labels))
-    assert np.isfinite(np.asarray(gradient)).all() and np.abs(np.asarray(gradient)).max() > 0
-    assert not np.asarray(gradient)[labels == -1].any()

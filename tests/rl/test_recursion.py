@@ -114,7 +114,7 @@ class ChainWorld:
 
     rounds: int = 2
     num_questions: int = 3
-    question_strata = None
+    question_labels = None
 
     def prompt_ids(self, question):
         return [1, 2, question + 3]

@@ -1,11 +1,11 @@
 """Which rows an optimizer step runs: rows with no gradient skipped, each distinct row of a block run once."""
 
-import dataclasses
-
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import row_selection
+from rl import auxiliary, row_selection
+from rl.auxiliary import TermConfig, TermSpec
 from rl.losses import LossConfig
 from rl.trajectories import build
 
@@ -81,30 +81,44 @@ def test_zero_gradient_rows_are_those_without_loss_tokens_and_without_kl_or_entr
         assert row_selection.zero_gradient_rows(batch, loss).tolist() == [False, False, False, True]
 
 
-@pytest.mark.parametrize(
-    "loss", [LossConfig(route_entropy_coef=0.01, route_token_ids=(8, 9)), LossConfig(domain_decorrelation_coef=0.5)]
-)
-def test_zero_advantage_rows_run_when_a_term_reads_their_route_token(loss):
+def _reads_mark(inputs):
+    return jnp.float32(0.0), {}
+
+
+def _reads_mark_and_flag(inputs):
+    return jnp.float32(0.0), {}
+
+
+@pytest.mark.parametrize("reads_flag", [False, True])
+def test_zero_advantage_rows_run_when_an_auxiliary_term_reads_them(monkeypatch, reads_flag):
+    monkeypatch.setitem(auxiliary.AUXILIARY_TERMS, "reads_mark", TermSpec(_reads_mark, token_positions=("mark",)))
+    monkeypatch.setitem(
+        auxiliary.AUXILIARY_TERMS, "reads_mark_and_flag",
+        TermSpec(_reads_mark_and_flag, token_positions=("mark",), row_labels=("flag",)),
+    )
+    name = "reads_mark_and_flag" if reads_flag else "reads_mark"
     batch = build(
-        prompt_ids=[[1]] * 4,
-        completion_ids=[[9], [9], [9], [9]],
-        sampler_logprobs=[[-1.0]] * 4,
-        advantages=[0.0, 0.0, 0.5, 0.0],
-        group_ids=[0] * 4,
+        prompt_ids=[[1]] * 5,
+        completion_ids=[[9]] * 5,
+        sampler_logprobs=[[-1.0]] * 5,
+        advantages=[0.0, 0.0, 0.5, 0.0, 0.0],
+        group_ids=[0] * 5,
         pad_id=0,
         length_buckets=(4,),
         completion_buckets=(1,),
-        domains=[0, -1, 1, 1],
-        route_positions=[0, 0, 0, 0],
+        row_labels={"flag": [0, 1, 1, 1, -1]},
+        token_positions={"mark": [0, -1, 0, 0, 0]},
     )
-    batch = batch.replace(loss_mask=np.asarray(batch.loss_mask) & np.array([[True], [True], [True], [False]]))
-    # Row 1 has no route token and no advantage; row 3 has no loss token at all.
-    assert row_selection.zero_gradient_rows(batch, loss).tolist() == [False, True, False, True]
-    if loss.route_entropy_coef:
-        # Decaying to zero over 10 optimizer steps: read until step 10, not from then on.
-        decaying = dataclasses.replace(loss, route_entropy_decay_steps=10)
-        assert row_selection.zero_gradient_rows(batch, decaying, step=9).tolist() == [False, True, False, True]
-        assert row_selection.zero_gradient_rows(batch, decaying, step=10).tolist() == [True, True, False, True]
+    batch = batch.replace(loss_mask=np.asarray(batch.loss_mask) & np.array([[True], [True], [True], [False], [True]]))
+    # Row 1 has no mark and no advantage; row 3 has no loss token at all; row 4 no flag (read without one).
+    loss = LossConfig(auxiliary_terms=(TermConfig(name, 0.01),))
+    expected = [False, True, False, True, reads_flag]
+    assert row_selection.zero_gradient_rows(batch, loss).tolist() == expected
+    assert row_selection.zero_gradient_rows(batch, LossConfig()).tolist() == [True, True, False, True, True]
+    # Decaying to zero over 10 optimizer steps: read until step 10, not from then on.
+    decaying = LossConfig(auxiliary_terms=(TermConfig(name, 0.01, decay_steps=10),))
+    assert row_selection.zero_gradient_rows(batch, decaying, step=9).tolist() == expected
+    assert row_selection.zero_gradient_rows(batch, decaying, step=10).tolist() == [True, True, False, True, True]
 
 
 @pytest.mark.parametrize(

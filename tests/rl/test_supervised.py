@@ -7,13 +7,7 @@ from flax import nnx
 from models.config import ModelConfig
 from models.transformer import Transformer
 from rl.learner import OptimizerConfig
-from rl.supervised import (
-    Example,
-    SFTConfig,
-    SupervisedTrainer,
-    negative_log_likelihood,
-    probe_cross_entropy,
-)
+from rl.supervised import Example, SFTConfig, SupervisedTrainer, marked_states, negative_log_likelihood
 from tests.rl.helpers import SGDConfig, assert_same_sgd_state
 from tests.tiny_models import tiny_config
 
@@ -70,23 +64,6 @@ def test_weighted_fit_imitates_each_completion_in_proportion_to_its_weight(batch
     assert float(probabilities[first] + probabilities[second]) > 0.95
 
 
-def test_probe_cross_entropy_matches_numpy_and_skips_unlabelled_rows():
-    rng = np.random.default_rng(1)
-    hidden = rng.normal(size=(4, 6, 8)).astype(np.float32)
-    probe = {"kernel": rng.normal(size=(8, 3)).astype(np.float32), "bias": rng.normal(size=3).astype(np.float32)}
-    positions = np.array([0, 5, 2, 3])
-    labels = np.array([2, 0, -1, 1])
-    loss, accuracy = probe_cross_entropy(probe, jnp.asarray(hidden), jnp.asarray(positions), jnp.asarray(labels))
-
-    logits = hidden[np.arange(4), positions] @ probe["kernel"] + probe["bias"]
-    logp = _log_softmax(logits.astype(np.float64))
-    labelled = labels >= 0
-    expected_loss = -logp[labelled, labels[labelled]].mean()
-    expected_accuracy = (logits.argmax(-1) == labels)[labelled].mean()
-    np.testing.assert_allclose(float(loss), expected_loss, rtol=1e-5)
-    assert float(accuracy) == pytest.approx(expected_accuracy)
-
-
 def test_fit_lowers_the_nll_of_the_teacher_completion():
     examples = [Example((5, 6, 7, 8), (10, 11, 12, 2)), Example((9, 6, 7), (10, 11, 12, 2))]
     trainer = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, batch_size=2))
@@ -94,82 +71,6 @@ def test_fit_lowers_the_nll_of_the_teacher_completion():
     assert history[0]["nll"] > 3.0
     assert history[-1]["nll"] < 0.1 * history[0]["nll"]
     assert set(history[-1]) == {"nll", "grad_norm"}
-
-
-def test_decision_probe_learns_the_label_from_the_prompt_while_the_target_stays_label_blind():
-    # Four "domains" marked by one prompt token; every completion is the same, so only the probe can use the label.
-    completion = (20, 21, 22, 2)
-    examples = [
-        Example((3 + label, 40, 41, 42, 43), completion, probe_index=2, probe_label=label)
-        for label in range(4)
-        for _ in range(2)
-    ]
-    model = _model()
-    config = SFTConfig(optimizer=OPTIMIZER, batch_size=8, probe_classes=4, probe_weight=1.0)
-    trainer = SupervisedTrainer(model, config)
-    before = {name: np.asarray(value).copy() for name, value in trainer.probe.items()}
-    history = trainer.fit(examples, steps=60, pad_id=0)
-
-    assert history[0]["probe_accuracy"] < 0.75
-    assert history[-1]["probe_accuracy"] == 1.0
-    assert history[-1]["probe_loss"] < 0.1
-    assert history[-1]["nll"] < 0.1
-    assert not np.allclose(before["kernel"], trainer.probe["kernel"])
-    # The probe reads the state that predicts completion token 2 (column completion_start + 1): the same column
-    # gives the same trained-probe accuracy when recomputed here.
-    batch = trainer.batch(examples, pad_id=0)
-    hidden = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask))
-    labels = jnp.asarray([e.probe_label for e in examples])
-    positions = jnp.full(len(examples), batch.completion_start + 1)
-    _, accuracy = probe_cross_entropy(trainer.probe, hidden, positions, labels)
-    assert float(accuracy) == 1.0
-
-
-def test_the_probe_gradient_reaches_the_model_only_when_the_probe_is_on():
-    examples = [Example((3 + label, 40, 41), (20, 21, 2), probe_index=1, probe_label=label) for label in range(2)]
-    plain = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, batch_size=2))
-    probed_config = SFTConfig(optimizer=OPTIMIZER, batch_size=2, probe_classes=2, probe_weight=5.0)
-    probed = SupervisedTrainer(_model(), probed_config)
-    plain.fit(examples, steps=1, pad_id=0)
-    probed.fit(examples, steps=1, pad_id=0)
-    plain_params = jax.tree.leaves(nnx.state(plain.model, nnx.Param))
-    probed_params = jax.tree.leaves(nnx.state(probed.model, nnx.Param))
-    assert any(not np.allclose(a, b) for a, b in zip(plain_params, probed_params))
-
-
-def test_decorrelation_drives_the_domains_decision_states_apart_and_the_loss_leaves_them_shared_without_it():
-    # Four domains whose prompts differ in their first token only: their states start nearly parallel.
-    examples = [
-        Example((3 + label, 40, 41, 42, 43), (20, 21, 22, 2), probe_index=2, probe_label=label)
-        for label in range(4)
-        for _ in range(2)
-    ]
-
-    def overlap_after(decorrelation_weight: float) -> tuple[float, float]:
-        config = SFTConfig(
-            optimizer=OPTIMIZER, batch_size=8, probe_classes=4, probe_weight=0.1,
-            decorrelation_weight=decorrelation_weight,
-        )
-        history = SupervisedTrainer(_model(), config).fit(examples, steps=60, pad_id=0)
-        return history[0]["state_overlap"], history[-1]["state_overlap"]
-
-    plain_first, plain_last = overlap_after(0.0)
-    decorrelated_first, decorrelated_last = overlap_after(1.0)
-    assert plain_first == pytest.approx(decorrelated_first)  # the same model and batch before any step
-    assert plain_first > 0.5
-    assert decorrelated_last < 0.05 < plain_last
-
-
-@pytest.mark.parametrize("decorrelation_weight", [0.0, 1.0])
-def test_batches_missing_some_domains_train_to_finite_parameters(decorrelation_weight):
-    examples = [Example((3 + label, 40, 41), (20, 21, 2), probe_index=1, probe_label=label) for label in range(4)]
-    config = SFTConfig(
-        optimizer=OPTIMIZER, batch_size=2, probe_classes=4, probe_weight=0.1, decorrelation_weight=decorrelation_weight
-    )
-    trainer = SupervisedTrainer(_model(), config)
-    history = trainer.fit(examples, steps=3, pad_id=0)
-    assert all(np.isfinite(list(step.values())).all() for step in history)
-    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(nnx.state(trainer.model, nnx.Param)))
 
 
 def _routes(prompts: int, routes: int, seed: int) -> list[Example]:
@@ -222,14 +123,7 @@ def test_steps_with_a_shared_prompt_encoding_equal_steps_on_full_rows():
     "kwargs",
     [
         {"batch_size": 0},
-        {"probe_classes": 4},
-        {"probe_weight": 1.0},
-        {"probe_classes": 1, "probe_weight": 1.0},
-        {"probe_classes": -2, "probe_weight": 1.0},
-        {"probe_classes": 4, "probe_weight": -1.0},
-        {"decorrelation_weight": 1.0},
-        {"probe_classes": 4, "probe_weight": 1.0, "decorrelation_weight": -0.5},
-        {"probe_classes": 4, "probe_weight": 1.0, "decorrelation_weight": float("nan")},
+        {"batch_size": -3},
     ],
 )
 def test_bad_sft_configs_are_rejected(kwargs):
@@ -237,18 +131,11 @@ def test_bad_sft_configs_are_rejected(kwargs):
         SFTConfig(**kwargs)
 
 
-def test_bad_examples_and_probe_inputs_are_rejected():
+def test_bad_examples_are_rejected():
     with pytest.raises(ValueError, match="together"):
         Example((1,), (2, 3), probe_index=1)
     with pytest.raises(ValueError, match="outside"):
         Example((1,), (2, 3), probe_index=2, probe_label=0)
-    trainer = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, probe_classes=2, probe_weight=1.0))
-    with pytest.raises(ValueError, match="no example has a probe label"):
-        trainer.fit([Example((1,), (2, 3))], steps=1, pad_id=0)
-    with pytest.raises(ValueError, match="outside"):
-        trainer.fit([Example((1,), (2, 3), probe_index=0, probe_label=2)], steps=1, pad_id=0)
-    with pytest.raises(ValueError, match="needs probe_indices"):
-        trainer.step(trainer.batch([Example((1,), (2, 3))], pad_id=0))
     with pytest.raises(ValueError, match="no supervised examples"):
         trainer.fit([], steps=1, pad_id=0)
     for weight in (-0.5, float("nan")):
@@ -256,3 +143,58 @@ def test_bad_examples_and_probe_inputs_are_rejected():
             Example((1,), (2, 3), weight=weight)
     with pytest.raises(ValueError, match="weight 0"):
         SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER)).fit([Example((1,), (2, 3), weight=0.0)], 1, 0)
+
+
+class MeanStateHead:
+    """A test head: a scale `a` times the mean over labelled rows of (label - a * mean_h state)^2."""
+
+    def init(self, hidden_size, key):
+        del hidden_size, key
+        return {"a": jnp.float32(0.5)}
+
+    def check_labels(self, labels):
+        if not labels <= {0, 1}:
+            raise ValueError(f"labels {sorted(labels)} outside {{0, 1}}")
+
+    def loss(self, params, states, labels):
+        labelled = labels >= 0
+        error = jnp.where(labelled, labels - params["a"] * states.mean(axis=-1), 0.0)
+        value = jnp.sum(error**2) / jnp.maximum(labelled.sum(), 1)
+        return (2.0 * value,), {"head_loss": value}
+
+
+def test_a_head_trains_its_own_parameters_on_the_marked_states_beside_the_nll():
+    examples = [Example((3 + label, 40, 41), (20, 21, 2), probe_index=1, probe_label=label) for label in range(2)]
+    optimizer = SGDConfig(learning_rate=1e-2, schedule="constant", total_steps=1, max_grad_norm=None)
+    plain = SupervisedTrainer(_model(), SFTConfig(optimizer=optimizer, batch_size=2))
+    headed = SupervisedTrainer(_model(), SFTConfig(optimizer=optimizer, batch_size=2, head=MeanStateHead()))
+    [plain_step], [step] = plain.fit(examples, steps=1, pad_id=0), headed.fit(examples, steps=1, pad_id=0)
+
+    model = _model()
+    batch = headed.batch(examples, pad_id=0)
+    hidden = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask))
+    # The state that predicts completion token 1 sits at column completion_start (the token before it).
+    states = np.asarray(hidden[:, batch.completion_start], np.float64)
+    means = states.mean(axis=-1)
+    expected = np.mean((np.array([0.0, 1.0]) - 0.5 * means) ** 2)
+    assert step["head_loss"] == pytest.approx(expected, rel=1e-4)
+    assert step["nll"] == pytest.approx(plain_step["nll"], rel=1e-6) and set(plain_step) == {"nll", "grad_norm"}
+    # d/da of 2 * mean (y - a m)^2 = -4 mean (y - a m) m, one SGD step of rate 1e-2.
+    expected_a = 0.5 + 1e-2 * 4 * np.mean((np.array([0.0, 1.0]) - 0.5 * means) * means)
+    assert float(headed.head_params["a"]) == pytest.approx(expected_a, rel=1e-4)
+    moved = [not np.allclose(a, b) for a, b in zip(jax.tree.leaves(nnx.state(headed.model, nnx.Param)),
+                                                    jax.tree.leaves(nnx.state(plain.model, nnx.Param)))]
+    assert any(moved)  # the head's loss reaches the model too
+    np.testing.assert_allclose(
+        np.asarray(marked_states(hidden[:, batch.completion_start - 1 :], jnp.asarray([1, 1]))), states, rtol=1e-6
+    )
+
+
+def test_a_heads_inputs_are_checked():
+    trainer = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, head=MeanStateHead()))
+    with pytest.raises(ValueError, match="no example has a probe label"):
+        trainer.fit([Example((1,), (2, 3))], steps=1, pad_id=0)
+    with pytest.raises(ValueError, match="outside"):
+        trainer.fit([Example((1,), (2, 3), probe_index=0, probe_label=2)], steps=1, pad_id=0)
+    with pytest.raises(ValueError, match="needs probe_indices"):
+        trainer.step(trainer.batch([Example((1,), (2, 3))], pad_id=0))

@@ -178,7 +178,7 @@ def test_prompt_block_is_the_largest_aligned_run_of_one_prompt(prompts, rows_per
         batch.prompt_block_size(3)
 
 
-def test_domains_and_route_positions_ride_with_their_rows_and_padding_rows_have_no_domain():
+def test_row_labels_and_token_positions_ride_with_their_rows_and_padding_rows_have_none():
     batch = build(
         prompt_ids=[[5, 6, 7], [8], [9, 9]],
         completion_ids=[[9, 10], [11, 12, 13, 14], [15]],
@@ -188,16 +188,20 @@ def test_domains_and_route_positions_ride_with_their_rows_and_padding_rows_have_
         pad_id=0,
         length_buckets=(8, 16),
         completion_buckets=(4, 8),
-        domains=[2, 0, -1],
-        route_positions=[1, 3, 7],  # a row without a domain may name any position; it is read as 0
+        row_labels={"kind": [2, 0, -1]},
+        token_positions={"mark": [1, 3, -1], "other": [0, -1, 0]},
     )
-    np.testing.assert_array_equal(batch.domains, [2, 0, -1])
-    np.testing.assert_array_equal(batch.route_positions, [1, 3, 0])
-    np.testing.assert_array_equal(batch.rows(np.array([1, 0])).domains, [0, 2])
+    np.testing.assert_array_equal(batch.row_labels["kind"], [2, 0, -1])
+    np.testing.assert_array_equal(batch.token_positions["mark"], [1, 3, -1])
+    assert batch.token_positions["mark"].dtype == np.int32
+    np.testing.assert_array_equal(batch.rows(np.array([1, 0])).row_labels["kind"], [0, 2])
     padded = batch.rows(slice(0, 2)).padded(4)
-    np.testing.assert_array_equal(padded.domains, [2, 0, -1, -1])
-    np.testing.assert_array_equal(padded.route_positions, [1, 3, 3, 3])
-    assert _example().domains is None and _example().padded(3).domains is None
+    np.testing.assert_array_equal(padded.row_labels["kind"], [2, 0, -1, -1])
+    np.testing.assert_array_equal(padded.token_positions["mark"], [1, 3, -1, -1])
+    np.testing.assert_array_equal(padded.token_positions["other"], [0, -1, -1, -1])
+    # [batch] arrays keep their rows when the columns are trimmed.
+    np.testing.assert_array_equal(batch.columns(*batch.trimmed_columns()).token_positions["mark"], [1, 3, -1])
+    assert _example().row_labels == {} and _example().padded(3).token_positions == {}
 
 
 def test_lengths_snap_to_buckets():
@@ -217,12 +221,11 @@ def test_lengths_snap_to_buckets():
         (dict(advantages=[1.0, np.inf]), "finite"),
         (dict(group_ids=[[3, 3]]), "group_ids"),
         (dict(length_buckets=(4,)), "largest length bucket"),
-        (dict(domains=[0, 1]), "together"),
-        (dict(route_positions=[0, 1]), "together"),
-        (dict(domains=[0, 1, 1], route_positions=[0, 1, 1]), "domains must have shape"),
-        (dict(domains=[0, -2], route_positions=[0, 1]), "domains are >= 0"),
-        (dict(domains=[0, 1], route_positions=[2, 1]), "row 0: route position 2 is outside its 2-token completion"),
-        (dict(domains=[0, 1], route_positions=[0, -1]), "row 1: route position -1"),
+        (dict(row_labels={"kind": [0, 1, 1]}), "row label 'kind' must have shape"),
+        (dict(row_labels={"kind": [0, -2]}), "row label 'kind': labels are >= 0, or -1 for none"),
+        (dict(token_positions={"mark": [0, 1, 1]}), "token position 'mark' must have shape"),
+        (dict(token_positions={"mark": [2, 1]}), "row 0: token position 'mark' 2 is outside its 2-token completion"),
+        (dict(token_positions={"mark": [0, -2]}), "row 1: token position 'mark' -2 is outside"),
     ],
 )
 def test_bad_input_is_rejected(changes, message):

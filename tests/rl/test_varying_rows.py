@@ -144,7 +144,7 @@ class FollowUpsWhenEven:
     follow-up rows in an iteration is the number of valid first rounds, which varies."""
 
     num_questions = 3
-    question_strata = None
+    question_labels = None
 
     def prompt_ids(self, question):
         return [1, 2, question + 3]
