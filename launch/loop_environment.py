@@ -34,6 +34,8 @@ def rollout_metrics(scored: Scored) -> dict[str, float]:
             cost_usd=float(scored.execution.cost_usd),
             failed_steps=float(scored.execution.failed_steps),
         )
+    if scored.code_tamper_suspect is not None:  # only code passes carry it: its mean is their share flagged
+        metrics["code_tamper_suspect"] = float(scored.code_tamper_suspect)
     return metrics
 
 

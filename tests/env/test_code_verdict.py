@@ -25,6 +25,7 @@ from env.tasks.code_verdict import outputs_equal, passes
 from env.tasks.sandbox import KERNEL_LAYERS, SandboxLimits
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import World
+from launch.loop_environment import rollout_metrics
 from tests.env import unprivileged
 from tests.env.helpers import ScriptedWorker
 
@@ -393,7 +394,7 @@ def test_all_164_humaneval_canonical_solutions_pass_in_each_layer_as_root_and_as
     assert [task.id for task, verdict in zip(tasks, _graded(jobs, layer, runner)) if not verdict] == []
 
 
-def test_code_passes_carry_the_tamper_flag():
+def test_code_passes_carry_the_tamper_flag_into_the_rollout_metrics():
     humaneval = PROBLEMS["humaneval"]
     task = Task(id="code/add", domain="code", question="Add.", grader=grade_code,
                 gold=CodeTests(kind="humaneval", entry_point="add", prompt=humaneval["prompt"],
@@ -407,6 +408,10 @@ def test_code_passes_carry_the_tamper_flag():
     for name, code in answers.items():
         env = ConductorEnv(World("test", [ScriptedWorker("w", f"```python\n{code}\n```")], [task]))
         (scored,) = env.score_batch_sync([task], [render_workflow(Workflow(steps=(Step(0, "Write it."),)))])
-        flags[name] = (scored.grade, scored.code_tamper_suspect)
+        flags[name] = (scored.grade, scored.code_tamper_suspect, rollout_metrics(scored).get("code_tamper_suspect"))
         env.close()
-    assert flags == {"honest pass": (1.0, False), "pass that names sys.exit": (1.0, True), "hack that fails": (0.0, None)}
+    assert flags == {
+        "honest pass": (1.0, False, 0.0),
+        "pass that names sys.exit": (1.0, True, 1.0),
+        "hack that fails": (0.0, None, None),
+    }
