@@ -287,6 +287,17 @@ def test_a_check_that_expects_an_exception_sees_the_candidates():
     assert not passes("    import os\n    os._exit(0)", **swallowing, limits=LIMITS)
 
 
+@pytest.mark.parametrize("task_id, helper", [("HumanEval/38", "encode_cyclic"), ("HumanEval/50", "encode_shift")])
+def test_redefining_the_prompts_encoder_does_not_reach_the_check(task_id, helper):
+    """The check encodes with the prompt's helper and expects the candidate to decode: a response that makes both
+    the identity passed when the check ran in its process (c47b5a3 scores it 1.0); here the check keeps the
+    prompt's own helper."""
+    task = next(task for task in load("humaneval") if task.id == task_id)
+    identity = f"def {helper}(s):\n    return s\n\ndef {task.gold.entry_point}(s):\n    return s\n"
+    assert task.grade(f"```python\n{identity}```") == 0.0
+    assert task.grade(reference_response(task)) == 1.0
+
+
 def test_a_long_honest_answer_fits_and_a_flood_does_not():
     """Replies are read up to `max_output_chars` or, past that, room for the longest expected output."""
     limits = SandboxLimits(cpu_s=2, wall_s=3.0, memory_mb=512, max_output_chars=1000)
