@@ -1,7 +1,4 @@
-import atexit
 import os
-import shutil
-import tempfile
 
 import pytest
 
@@ -38,22 +35,19 @@ def _start_jax_with_unoptimised_codegen() -> None:
         os.environ["XLA_FLAGS"] = flags
 
 
-def _share_compiled_programs() -> None:
-    """One persistent compilation cache for this test run: many tests compile the same programs (the same tiny
-    models and shapes through new jit wrappers), and the training runs they start in subprocesses the same steps.
-    The first process to get here (pytest's, or its xdist controller) makes the directory and removes it at exit; the
-    xdist workers and subprocesses inherit it through the environment. A run starts empty, so CI measures a cold
-    machine. A size limit turns on the cache's file lock: without one, JAX writes an entry in place, unlocked, and a
-    worker reading it mid-write deserialises a torn executable and segfaults."""
-    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-        directory = tempfile.mkdtemp(prefix="jax-compilation-cache-")
-        atexit.register(shutil.rmtree, directory, ignore_errors=True)
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 << 30))
+def _compile_without_a_persistent_cache() -> None:
+    """No persistent compilation cache for the test run, the xdist workers and the subprocesses they start.
+
+    The suite once shared one cache directory between its processes. Workers then died of segfaults inside the
+    cache's two native calls, XLA:CPU's executable deserialisation (`get_executable_and_time`, 2026-11-29, before
+    the cache's file lock was on) and serialisation (`put_executable_and_time`, issue 61, with the lock on), each
+    under load and neither reproduced since (docs/log/2026-12-05-ci-that-cannot-hang.md). With no cache, neither call
+    is made. A user's own cache directory is not used either, so a run compiles from a cold start, as on CI."""
+    os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 
-_share_compiled_programs()
+_compile_without_a_persistent_cache()
 _start_jax_with_unoptimised_codegen()
 
 GIB = 1 << 30
