@@ -136,13 +136,14 @@ def test_bad_examples_are_rejected():
         Example((1,), (2, 3), probe_index=1)
     with pytest.raises(ValueError, match="outside"):
         Example((1,), (2, 3), probe_index=2, probe_label=0)
+    trainer = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER))
     with pytest.raises(ValueError, match="no supervised examples"):
         trainer.fit([], steps=1, pad_id=0)
     for weight in (-0.5, float("nan")):
         with pytest.raises(ValueError, match="weight"):
             Example((1,), (2, 3), weight=weight)
     with pytest.raises(ValueError, match="weight 0"):
-        SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER)).fit([Example((1,), (2, 3), weight=0.0)], 1, 0)
+        trainer.fit([Example((1,), (2, 3), weight=0.0)], 1, 0)
 
 
 class MeanStateHead:
