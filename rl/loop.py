@@ -11,7 +11,7 @@ duplicated when those iterations run again).
 
 Several processes (one per host, `jax.distributed`; `launch/distributed.py`) split the sampling by question group:
 - every process computes the iteration's questions alike (`question_order`); with P processes, process p takes
-  questions [p*Q/P, (p+1)*Q/P) of the Q (`questions_per_step`, which P must divide), and samples and scores their
+  questions [p*Q/P, (p+1)*Q/P) of the Q (`questions_per_iteration`, which P must divide), and samples and scores their
   groups with its own generator and environment. A group, and every recursion round of its episodes, stays on one
   process.
 - row r of a round (rows numbered across the processes, process by process, as one process would number them)
@@ -111,7 +111,7 @@ WeightSync = Callable[[Any, int], None]  # (live nnx model, new policy version) 
 class LoopConfig:
     """What one run of the loop does.
 
-    questions_per_step x group_size completions are sampled per iteration. `estimator` names an entry of
+    questions_per_iteration x group_size completions are sampled per iteration. `estimator` names an entry of
     `rl.advantages.ESTIMATORS`, and `estimator_options` are its options (`rl.advantages.check_options`). With
     `dynamic_sampling`, groups whose rewards all agree carry no learning signal and are masked out of the loss, so
     they leave its denominators too (the learner does not run rows without loss tokens,
@@ -133,7 +133,7 @@ class LoopConfig:
     """
 
     iterations: int
-    questions_per_step: int = 4
+    questions_per_iteration: int = 4
     group_size: int = 8
     estimator: str = "grpo"
     estimator_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -150,10 +150,10 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.iterations < 1:
             raise ValueError(f"LoopConfig.iterations must be >= 1, got {self.iterations}")
-        if self.questions_per_step < 1 or self.group_size < 2:
+        if self.questions_per_iteration < 1 or self.group_size < 2:
             raise ValueError(
-                f"need questions_per_step >= 1 and group_size >= 2 (a group is compared with itself), got "
-                f"{self.questions_per_step} and {self.group_size}"
+                f"need questions_per_iteration >= 1 and group_size >= 2 (a group is compared with itself), got "
+                f"{self.questions_per_iteration} and {self.group_size}"
             )
         if self.estimator not in advantage_estimators.ESTIMATORS:
             raise ValueError(
@@ -172,7 +172,7 @@ class LoopConfig:
     @property
     def max_rows(self) -> int:
         """The most rows an iteration's batch holds: every episode runs every round."""
-        return self.questions_per_step * self.group_size * (1 + self.recursion_rounds)
+        return self.questions_per_iteration * self.group_size * (1 + self.recursion_rounds)
 
 
 def question_order(
@@ -246,10 +246,10 @@ class TrainingLoop:
         self.policy_version = 0
         self.rng_key = jax.random.key(config.seed)
         self._next_sample_id = 0
-        if config.questions_per_step % jax.process_count():
+        if config.questions_per_iteration % jax.process_count():
             raise ValueError(
-                f"questions_per_step {config.questions_per_step} does not split over {jax.process_count()} processes: "
-                "each process samples an equal share of every iteration's questions; choose a multiple"
+                f"questions_per_iteration {config.questions_per_iteration} does not split over {jax.process_count()} "
+                "processes: each process samples an equal share of every iteration's questions; choose a multiple"
             )
         self._question_labels = getattr(environment, "question_labels", None)
         uses_labels = {
@@ -319,22 +319,22 @@ class TrainingLoop:
         times["score"] = times.get("score", 0.0) + time.perf_counter() - scored
         return _Sampled(row_questions, group_ids, completions, rollouts)
 
-    def step(self) -> dict[str, float]:
+    def run_iteration(self) -> dict[str, float]:
         """One iteration; returns the scalars it logged."""
         config = self.config
         times: dict[str, float] = {}
         started = time.perf_counter()
 
         questions = question_order(self.environment.num_questions, config.seed, self.data_position,
-                                   config.questions_per_step,
+                                   config.questions_per_iteration,
                                    self._question_labels if config.stratify_questions else None)
-        share = config.questions_per_step // jax.process_count()
+        share = config.questions_per_iteration // jax.process_count()
         first_group = jax.process_index() * share
         mine = questions[first_group : first_group + share]
         first_row = first_group * config.group_size
         prompts = [self.environment.prompt_ids(q) for q in mine]
         rounds = [self._sample(prompts, mine, first_group, config.group_size, None, times, first_row=first_row,
-                               rows=config.questions_per_step * config.group_size)]
+                               rows=config.questions_per_iteration * config.group_size)]
         rounds[0].episodes = [first_row + i for i in range(len(rounds[0].completions))]
         for _ in range(config.recursion_rounds):
             if not self._recursion_round(rounds, times):
@@ -411,7 +411,7 @@ class TrainingLoop:
         else:
             log.warning("iteration %d: every group had zero reward variance; no update", self.iteration + 1)
 
-        self.data_position += config.questions_per_step
+        self.data_position += config.questions_per_iteration
         self.iteration += 1
         times["iteration"] = time.perf_counter() - started
         trained = keep & (advantages != 0)
@@ -460,10 +460,10 @@ class TrainingLoop:
         )
         # Each row of a later round is a group of one, so it is grouped with its question's other rows of this
         # round: round k of the question of first-round group g (episodes g * group_size ..) is group
-        # k * questions_per_step + g.
+        # k * questions_per_iteration + g.
         sampled.episodes = [last.episodes[i] for i in follow]
         sampled.group_ids = [
-            len(rounds) * self.config.questions_per_step + episode // self.config.group_size
+            len(rounds) * self.config.questions_per_iteration + episode // self.config.group_size
             for episode in sampled.episodes
         ]
         rounds.append(sampled)
@@ -556,7 +556,7 @@ class TrainingLoop:
             self.weight_sync(self.learner.model, self.policy_version)
         history = []
         while self.iteration < self.config.iterations:
-            history.append(self.step())
+            history.append(self.run_iteration())
             every = self.config.checkpoint_every
             if every and self.iteration % every == 0:
                 self.save()

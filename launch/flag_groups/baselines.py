@@ -20,7 +20,7 @@ _FIELDS = {
     "bandit_budget": flags.DEFINE_integer(
         "bandit_budget", 1920,
         "Pulls of the contextual UCB1 baseline (launch.bandit): a training run's feedback budget, iterations x "
-        "questions_per_step x group_size.",
+        "questions_per_iteration x group_size.",
     ),
     "worker": flags.DEFINE_integer(
         "baseline_worker", None,

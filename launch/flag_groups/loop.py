@@ -12,13 +12,13 @@ from typing import get_args
 from absl import flags
 
 import conductor
-from launch.flag_groups import field_values, shared
+from launch.flag_groups import field_values, renamed, shared  # noqa: F401  (renamed: the old flag names fail)
 from rl.advantages import ESTIMATORS, StdScaling, TransformConfig, Whitening, options_for
 from rl.loop import LoopConfig
 
 _FIELDS = {
     "iterations": flags.DEFINE_integer("iterations", 20, "Training iterations."),
-    "questions_per_step": flags.DEFINE_integer("questions_per_step", 4, "Questions per iteration."),
+    "questions_per_iteration": flags.DEFINE_integer("questions_per_iteration", 4, "Questions per iteration."),
     "group_size": flags.DEFINE_integer("group_size", 8, "Completions per question."),
     "estimator": flags.DEFINE_enum("estimator", "grpo", sorted(ESTIMATORS), "Advantage estimator."),
     "dynamic_sampling": flags.DEFINE_boolean("dynamic_sampling", False, "Drop groups whose rewards all agree."),

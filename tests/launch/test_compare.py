@@ -497,7 +497,7 @@ def test_a_bad_sweep_is_a_usage_error_before_any_run(tmp_path):
 def test_a_real_two_by_two_sweep_trains_reports_and_skips_finished_runs_when_rerun(tmp_path):
     command = [
         sys.executable, "-m", "launch.compare", "--flagfile=launch/configs/quickstart.cfg", "--iterations=2",
-        "--warm_start_steps=2", "--questions_per_step=2", "--group_size=4", "--mini_batch_size=8",
+        "--warm_start_steps=2", "--questions_per_iteration=2", "--group_size=4", "--mini_batch_size=8",
         "--synthetic_tasks=16", "--format_check_questions=0", "--eval_tasks=synthetic", "--checkpoint_every=0",
         "--sweep=estimator=grpo,rloo", "--seeds=0,1", "--parallel=2", f"--out={tmp_path}",
     ]

@@ -89,6 +89,6 @@ def test_a_multi_process_run_refuses_a_learner_off_the_mesh_and_questions_that_d
     monkeypatch.setattr(jax, "process_count", lambda: 3)
     with pytest.raises(ValueError, match="a learner in a run of 3 processes needs a mesh over all 8 devices"):
         Learner(model, LearnerConfig())
-    with pytest.raises(ValueError, match="questions_per_step 4 does not split over 3 processes"):
-        TrainingLoop(LoopConfig(iterations=1, questions_per_step=4), learner=None, sampler=None, sampling_params=None,
-                     weight_sync=None, environment=None, pad_id=0)
+    with pytest.raises(ValueError, match="questions_per_iteration 4 does not split over 3 processes"):
+        TrainingLoop(LoopConfig(iterations=1, questions_per_iteration=4), learner=None, sampler=None,
+                     sampling_params=None, weight_sync=None, environment=None, pad_id=0)

@@ -23,7 +23,7 @@ def test_the_recipe_builds_the_orchestration_world_and_quotes_its_exact_validati
         flags.FLAGS(["train", f"--flagfile={CONFIG}"])
         spec = environment_flags.from_flags(flags.FLAGS["eval_tasks"].value)
         train_spec = environment_flags.from_flags()
-        assert flags.FLAGS["iterations"].value * flags.FLAGS["questions_per_step"].value * flags.FLAGS[
+        assert flags.FLAGS["iterations"].value * flags.FLAGS["questions_per_iteration"].value * flags.FLAGS[
             "group_size"].value == 1920  # the bandit's budget the header names  # fmt: skip
     assert isinstance(spec.world, OrchestrationWorldConfig)
     assert (spec.world.split, train_spec.world.split) == ("validation", "train")

@@ -21,6 +21,7 @@ from launch.flag_groups import environment as environment_flags
 from launch.flag_groups import generator as generator_flags
 from launch.flag_groups import learner as learner_flags
 from launch.flag_groups import loop as loop_flags
+from launch.flag_groups import renamed
 from launch.flag_groups import sampling as sampling_flags
 from launch.flag_groups import supervised as supervised_flags
 from launch.flag_groups import teacher as teacher_flags
@@ -99,6 +100,13 @@ def test_the_conductors_transform_and_term_flags_become_registered_transforms_an
     assert loop_flags.from_flags(0).advantage_transforms == ()
 
 
+@pytest.mark.parametrize("old, new", sorted(renamed.RENAMED.items()))
+def test_a_renamed_flag_is_refused_with_its_new_name(old, new):
+    with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match=f"--{old} is renamed to --{new}"):
+        flags.FLAGS(["train", f"--{old}=4"])
+    assert new in flags.FLAGS
+
+
 def test_the_renamed_num_iterations_flag_is_refused_with_its_new_name():
     # absl alone would answer "Unknown command line flag 'num_iterations'. Did you mean: iterations ?", the loop's.
     with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match="now --ppo_epochs"):
@@ -108,7 +116,7 @@ def test_the_renamed_num_iterations_flag_is_refused_with_its_new_name():
 def test_with_recursion_rounds_the_schedule_spans_the_largest_batch():
     # 4 questions x 8 completions and two recursion rounds: at most 96 rows, 12 mini-batches of 8 (the last of a
     # smaller batch is shorter), so 20 iterations hold at most 240 optimizer steps.
-    loop = LoopConfig(iterations=20, questions_per_step=4, group_size=8, recursion_rounds=2)
+    loop = LoopConfig(iterations=20, questions_per_iteration=4, group_size=8, recursion_rounds=2)
     assert loop.max_rows == 96
     with flagsaver.flagsaver(iterations=20, mini_batch_size=8, warmup_ratio=0.05):
         optimizer = learner_config(recursion_rounds=2).optimizer

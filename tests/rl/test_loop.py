@@ -79,7 +79,7 @@ def make_learner(seed=0):
 def make_loop(world, *, iterations=2, learner=None, checkpointer=None, writer=None, sampler=None, **config):
     syncs = []
     loop = TrainingLoop(
-        LoopConfig(iterations=iterations, questions_per_step=2, group_size=4, length_buckets=(16,), **config),
+        LoopConfig(iterations=iterations, questions_per_iteration=2, group_size=4, length_buckets=(16,), **config),
         learner=learner or make_learner(),
         sampler=sampler or SeededSampler(),
         sampling_params=SamplingParams(max_new_tokens=3),
@@ -264,10 +264,10 @@ def test_killed_and_resumed_loop_ends_bit_identical_to_an_uninterrupted_one(tmp_
     writer = MetricsWriter(tmp_path / "logs")
     interrupted, _ = make_loop(ParityWorld(), iterations=3, checkpointer=checkpointer, writer=writer,
                                checkpoint_every=2)
-    interrupted.step()
-    interrupted.step()
+    interrupted.run_iteration()
+    interrupted.run_iteration()
     interrupted.save()
-    interrupted.step()  # logged, then "killed" before its checkpoint
+    interrupted.run_iteration()  # logged, then "killed" before its checkpoint
     writer.flush()
 
     resumed, syncs = make_loop(ParityWorld(), iterations=3, learner=make_learner(seed=1), checkpointer=checkpointer,

@@ -40,7 +40,7 @@ def _learner(vocab_size: int = 256, **changes) -> RecordingLearner:
 
 def _loop(world, sampler, learner, *, writer=None, questions=2, group=4, **config) -> TrainingLoop:
     return TrainingLoop(
-        LoopConfig(iterations=1, questions_per_step=questions, group_size=group, **config),
+        LoopConfig(iterations=1, questions_per_iteration=questions, group_size=group, **config),
         learner=learner, sampler=sampler, sampling_params=SamplingParams(max_new_tokens=3, seed=0),
         weight_sync=lambda model, version: None, environment=world, pad_id=0, writer=writer,
     )

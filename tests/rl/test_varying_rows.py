@@ -173,7 +173,7 @@ def test_a_loop_whose_follow_up_rounds_vary_trains_every_iteration_with_any_batc
         _model(), _config(mini_batch_size=3, micro_batch_size=3), mesh=make_mesh(fsdp=2, tp=1)
     )
     loop = TrainingLoop(
-        LoopConfig(iterations=4, questions_per_step=2, group_size=4, recursion_rounds=1, length_buckets=(16,)),
+        LoopConfig(iterations=4, questions_per_iteration=2, group_size=4, recursion_rounds=1, length_buckets=(16,)),
         learner=learner, sampler=SeededSampler(), sampling_params=SamplingParams(max_new_tokens=3),
         weight_sync=lambda model, version: None, environment=FollowUpsWhenEven(), pad_id=0,
     )

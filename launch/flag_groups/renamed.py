@@ -1,0 +1,26 @@
+"""Flags renamed so that one concept has one name (issue 63): setting an old name fails with "renamed to --new".
+
+absl alone would answer an old name with "Unknown command line flag" and a guess, or, where the old name is close
+to another flag, accept nothing and suggest the wrong one; each old name is therefore still defined, as a flag that
+refuses any value. "iteration" is one sample-learn-sync round of the training loop, "optimizer step" one update of
+the parameters, "workflow step" one call in a Conductor's workflow.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+# Old name -> new name.
+RENAMED = {
+    "questions_per_step": "questions_per_iteration",
+}
+
+
+def define_renamed(old: str, new: str) -> None:
+    """Defines --old as a flag that fails, whatever its value, with a message naming --new."""
+    flags.DEFINE_string(old, None, f"Renamed to --{new}; setting it is an error.")
+    flags.register_validator(old, lambda value: value is None, f"--{old} is renamed to --{new}")
+
+
+for _old, _new in RENAMED.items():
+    define_renamed(_old, _new)
