@@ -53,7 +53,7 @@ from models import hf_io
 from rl.checkpoint import Checkpointer
 from rl.learner import Learner
 from rl.loop import TrainingLoop
-from rl.metrics import MetricsWriter, first_and_last_fifth
+from rl.metrics import MetricsWriter, first_and_last_fifth, read_metrics
 from rollout.types import Generator, SamplingParams
 
 _MESH_FSDP = flags.DEFINE_integer(
@@ -165,7 +165,8 @@ def main(argv: list[str]) -> None:
     save_trained_sampling(final_dir, sampling)
     summary = {"iterations": loop.iteration, "logdir": str(log_dir), "conductor_final": str(final_dir)}
     if history:
-        first, last = first_and_last_fifth([h["reward/mean"] for h in history])
+        # The whole run's iterations, not this process's: a resumed run's own are only its last ones.
+        first, last = first_and_last_fifth([record["reward/mean"] for record in read_metrics(log_dir)])
         summary["reward_first_fifth"], summary["reward_last_fifth"] = first, last
     if env.world.oracle is not None:
         summary["oracle_expected_reward"] = env.world.oracle.expected_reward

@@ -3,7 +3,8 @@
 The world has one always-right worker and three always-wrong ones (reward 1 for routing to worker 0, 0.5 otherwise).
 The warm-start must teach the action format and leave routing uniform (reward near 0.625); GRPO must then raise the
 reward by learning to route to worker 0. The run must log every iteration's scalars to TensorBoard and metrics.jsonl,
-write checkpoints and the final Conductor, and continue from its checkpoint when rerun or killed -9. With
+write checkpoints and the final Conductor, and continue from its checkpoint when killed -9 and when rerun for more
+iterations (one run does all three, so the suite pays for one warm-start). With
 `--eval_warm_start`, the greedy evaluation after the warm-start must show the warm-start's routing and the final one
 GRPO's, and a resumed run must report the first without evaluating again.
 Sampling at temperature 0.7 keeps the tiny Conductor's format noise low enough for the routing signal to show within
@@ -91,12 +92,35 @@ def tensorboard_steps(logdir: pathlib.Path, tag: str) -> list[int]:
 EVALUATE_WARM_START_AND_FINAL = ("--eval_tasks=synthetic", "--eval_warm_start")
 
 
-def test_training_raises_reward_logs_checkpoints_and_resumes(tmp_path):
+def start_and_kill_after(logdir: pathlib.Path, iteration: int, *extra_flags: str) -> None:
+    """Starts a run of 10 iterations and kills it (SIGKILL, the whole process group) once `iteration` is logged."""
+    process = subprocess.Popen(
+        train_command(logdir, 10, *extra_flags), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 900
+    while not any(r["step"] == iteration for r in metric_records(logdir)):
+        assert process.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_path):
+    """One run, killed -9 after iteration 3 (past checkpoint 2, before checkpoint 4), resumed to its 10 iterations,
+    then extended to 12: a user's run as it learns, dies and is continued, in one warm-start's time."""
     logdir = tmp_path / "run"
+    start_and_kill_after(logdir, 3, *EVALUATE_WARM_START_AND_FINAL)
     first = train(logdir, 10, *EVALUATE_WARM_START_AND_FINAL)
+    assert "resumed from checkpoint 2" in first.stderr
+    assert "warm-start greedy average" not in first.stderr, "the killed run already evaluated its warm-start"
 
     records = metric_records(logdir)
-    assert [r["step"] for r in records] == list(range(1, 11))
+    assert [r["step"] for r in records] == list(range(1, 11)), "iteration 3, logged before the kill, is not repeated"
+    assert [r["data_position"] for r in records] == [4.0 * step for step in range(1, 11)]
+    rollout_steps = [json.loads(line)["step"] for line in (logdir / "rollouts.jsonl").read_text().splitlines()]
+    assert rollout_steps == [step for step in range(1, 11) for _ in range(4 * 8)]
     assert records[0]["rollout/valid_format"] >= 0.9, "the warm-start should teach the format"
     assert sum(r["rollout/valid_format"] for r in records) / len(records) >= 0.8
     assert all(0.5 <= r["reward/mean"] <= 1.0 for r in records if r["rollout/valid_format"] == 1.0)
@@ -119,7 +143,7 @@ def test_training_raises_reward_logs_checkpoints_and_resumes(tmp_path):
     to_worker_0 = share_routed_to_worker_0(logdir)
     assert to_worker_0[1] < 0.45 and (to_worker_0[9] + to_worker_0[10]) / 2 >= 0.9, to_worker_0
     # Only worker 0 is right, so a greedy accuracy is the share of questions routed to worker 0: the warm-start's
-    # evaluation sees the warm-start's routing, the final one GRPO's.
+    # evaluation (made by the killed run, kept in its logdir) sees the warm-start's routing, the final one GRPO's.
     warm_start, final = summary["warm_start_eval"], summary["eval"]
     # The Conductor before the warm-start writes no valid workflow; the warm-start teaches the format.
     assert warm_start["average"]["valid_format"] >= 0.9, warm_start["average"]
@@ -136,31 +160,6 @@ def test_training_raises_reward_logs_checkpoints_and_resumes(tmp_path):
     assert [r["step"] for r in records] == list(range(1, 13))
     assert records[-1]["policy_version"] == 12.0
     assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 13))
-
-
-def test_killed_run_resumes_from_its_checkpoint_without_duplicating_metrics(tmp_path):
-    logdir = tmp_path / "run"
-    process = subprocess.Popen(
-        train_command(logdir, iterations=6), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 900
-    # Kill it after iteration 3 is logged: past checkpoint 2, before checkpoint 4.
-    while not any(r["step"] == 3 for r in metric_records(logdir)):
-        assert process.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "the run made no progress"
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-    resumed = train(logdir, iterations=6)
-    assert "resumed from checkpoint 2" in resumed.stderr
-    records = metric_records(logdir)
-    assert [r["step"] for r in records] == list(range(1, 7))
-    assert [r["data_position"] for r in records] == [4.0 * step for step in range(1, 7)]
-    assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 7))
-    rollout_steps = [json.loads(line)["step"] for line in (logdir / "rollouts.jsonl").read_text().splitlines()]
-    assert rollout_steps == [step for step in range(1, 7) for _ in range(4 * 8)]
 
 
 @pytest.mark.parametrize("missing", ["--eval_tasks=", "--warm_start_steps=0"])
