@@ -2,12 +2,12 @@
 
     python -m launch.eval --conductor=runs/replay/conductor_final --world=replay \
         --tasks=mmlu_test,gsm8k-test,cmmlu_test,arc_challenge_test,humaneval_test --task_limit=100 --repeats=3 \
-        --out_dir=runs/eval/replay
+        --logdir=runs/eval/replay
 
 Every method runs through the same env: the Conductor's completions and the baselines' fixed workflows are parsed,
 executed over the world's pool (through `--cache` when given, so a rerun makes no provider calls), graded and
 summarized (`launch.outcomes`, `launch.baselines`, `launch.report`). Writes results.json, results.md and
-accuracy_tokens.png to `--out_dir` and prints the markdown.
+accuracy_tokens.png to `--logdir` and prints the markdown.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ retain_freed_memory(restart=__name__ == "__main__")
 
 import dataclasses
 import logging
-import pathlib
 from typing import Any
 
 from absl import app, flags
@@ -33,6 +32,7 @@ from launch.flag_groups import baselines as baseline_flags
 from launch.flag_groups import conductor as conductor_flags
 from launch.flag_groups import environment as environment_flags
 from launch.flag_groups import generator as generator_flags
+from launch.flag_groups import output as output_flags
 from launch.flag_groups import sampling as sampling_flags
 from launch.generators import build_generator, share_gpu_with_torch_generator
 from launch.loop_environment import TokenizedConductorEnv
@@ -44,7 +44,6 @@ _METHODS = flags.DEFINE_list(
     f"What to evaluate: 'conductor' (--conductor) and any of {', '.join(BASELINES)}.",
 )
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Passes over the questions; accuracy standard errors are over these.")
-_OUT_DIR = flags.DEFINE_string("out_dir", "runs/eval", "Where results.json, results.md and the plot go.")
 _CONDUCTOR_TEMPERATURE = flags.DEFINE_float(
     "conductor_temperature", 0.0,
     "Sampling temperature of the evaluated Conductor. The default 0 is greedy decoding: how a trained Conductor is "
@@ -74,7 +73,7 @@ def main(argv: list[str]) -> None:
     unknown = sorted(set(_METHODS.value) - {"conductor", *BASELINES})
     if unknown:
         raise app.UsageError(f"unknown --methods {unknown}; choose from conductor, {', '.join(BASELINES)}")
-    out_dir = pathlib.Path(_OUT_DIR.value)
+    out_dir = output_flags.logdir("runs/eval")  # results.json, results.md and the plot
     env = build_env(environment_flags.from_flags())
     names = [worker.name for worker in env.world.pool]
     results = {}

@@ -2,7 +2,7 @@
 
 Fits the Conductor to a teacher's workflows (`--sft_teacher`: `launch.teachers`) for `--sft_steps` steps
 (`launch.warm_start`). Before and after, it samples the Conductor on a few questions and reports the fraction of
-completions that parse as workflows. The result is an HF directory (`--sft_out`) that `--conductor` accepts.
+completions that parse as workflows. The result is an HF directory (`--logdir`) that `--conductor` accepts.
 `launch.train --warm_start_steps=N` runs the same warm-start in-process.
 
 `--sft_domain_probe_weight` > 0 trains, beside the likelihood, a linear probe (discarded afterwards) that predicts
@@ -24,7 +24,6 @@ retain_freed_memory(restart=__name__ == "__main__")
 
 import json
 import logging
-import pathlib
 
 from absl import app, flags
 
@@ -34,6 +33,7 @@ from launch.conductor_env import build_env
 from launch.flag_groups import conductor as conductor_flags
 from launch.flag_groups import environment as environment_flags
 from launch.flag_groups import generator as generator_flags
+from launch.flag_groups import output as output_flags
 from launch.flag_groups import sampling as sampling_flags
 from launch.flag_groups import supervised as supervised_flags
 from launch.flag_groups import teacher as teacher_flags
@@ -45,7 +45,6 @@ from models import hf_io
 
 _STEPS = flags.DEFINE_integer("sft_steps", 100, "Supervised steps.")
 _VALIDITY_SAMPLES = flags.DEFINE_integer("sft_validity_samples", 32, "Samples drawn to measure format validity.")
-_OUT = flags.DEFINE_string("sft_out", "runs/sft/conductor", "Where the warm-started Conductor is written (HF dir).")
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ def main(argv: list[str]) -> None:
     del argv
     console.configure()
     distributed.initialize()
-    out = pathlib.Path(_OUT.value)
+    out = output_flags.logdir("runs/sft/conductor")  # the warm-started Conductor, an HF dir
     generation = generator_flags.from_flags()
     share_gpu_with_torch_generator(generation)  # before JAX's first computation
     model, tokenizer, model_dir = load_conductor(conductor_flags.from_flags(), distributed.process_dir(out) / "init")

@@ -39,6 +39,7 @@ from launch.flag_groups import environment as environment_flags
 from launch.flag_groups import generator as generator_flags
 from launch.flag_groups import learner as learner_flags
 from launch.flag_groups import loop as loop_flags
+from launch.flag_groups import output as output_flags
 from launch.flag_groups import sampling as sampling_flags
 from launch.flag_groups import supervised as supervised_flags
 from launch.flag_groups import teacher as teacher_flags
@@ -62,7 +63,6 @@ _MESH_FSDP = flags.DEFINE_integer(
 _MESH_TP = flags.DEFINE_integer("mesh_tp", 1, "Devices on the tensor-parallel mesh axis, counted over all processes.")
 _WARM_START_STEPS = flags.DEFINE_integer("warm_start_steps", 0, "Supervised format warm-start steps before RL.")
 # -- run bookkeeping ---------------------------------------------------------------------------------------------------
-_LOG_DIR = flags.DEFINE_string("logdir", "runs/train", "TensorBoard events, metrics.jsonl, rollouts.jsonl.")
 _CHECKPOINT_DIR = flags.DEFINE_string("checkpoint_dir", None, "Checkpoints (default: <logdir>/checkpoints).")
 _KEEP = flags.DEFINE_integer("keep_checkpoints", 3, "Checkpoints kept.")
 _RESUME = flags.DEFINE_boolean("resume", True, "Resume from the latest checkpoint when one exists.")
@@ -103,7 +103,7 @@ def main(argv: list[str]) -> None:
     del argv
     console.configure()
     distributed.initialize()
-    log_dir = pathlib.Path(_LOG_DIR.value)
+    log_dir = output_flags.logdir("runs/train")
     checkpoint_dir = pathlib.Path(_CHECKPOINT_DIR.value or log_dir / "checkpoints")
     if not _RESUME.value and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
         raise SystemExit(f"{checkpoint_dir} holds checkpoints and --noresume was given; choose a new --logdir")

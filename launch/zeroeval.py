@@ -1,8 +1,8 @@
 """The zeroeval world's exact reference points, computed from its records (docs/zeroeval.md).
 
-    python -m launch.zeroeval --out_dir=runs/zeroeval
+    python -m launch.zeroeval --logdir=runs/zeroeval
 
-Prints, and writes as results.json and results.md under --out_dir:
+Prints, and writes as results.json and results.md under --logdir:
 - per (task, model): accuracy under the project's graders, under ZeroEval's own rule (reproduced) and as ZeroEval
   published it, with the questions where the two rules disagree;
 - tokens per model by each tokenizer (the chars/4 error against cl100k_base);
@@ -27,13 +27,15 @@ from absl import app, flags
 from env import frontier, text_router
 from env.tasks import zeroeval
 from env.workers.recorded import TOKENIZERS, ZEROEVAL_PRICES, RecordedWorker, count_tokens
+from launch.flag_groups import renamed
 
-# Own FlagValues, as launch.data's: --data_dir and --out_dir are also the launchers' flags, and a process that
+# Own FlagValues, as launch.data's: --data_dir and --logdir are also the launchers' flags, and a process that
 # imports both (a test session) must not define them twice.
 ZEROEVAL_FLAGS = flags.FlagValues()
-_OUT_DIR = flags.DEFINE_string(
-    "out_dir", "runs/zeroeval", "Where results.json and results.md go.", flag_values=ZEROEVAL_FLAGS
+_LOGDIR = flags.DEFINE_string(
+    "logdir", "runs/zeroeval", "Where results.json and results.md go.", flag_values=ZEROEVAL_FLAGS
 )
+renamed.define_renamed("out_dir", "logdir", flag_values=ZEROEVAL_FLAGS)
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, "Data root holding zeroeval/ (default: the lookup order).", flag_values=ZEROEVAL_FLAGS
 )
@@ -194,7 +196,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"--o1_mini_output_factors must be numbers >= 1, got {_O1_FACTORS.value}")
     directory = zeroeval.data_dir(_DATA_DIR.value)
     results = run(directory, factors, _SPLIT_SEED.value)
-    out = pathlib.Path(_OUT_DIR.value)
+    out = pathlib.Path(_LOGDIR.value)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     text = markdown(results)

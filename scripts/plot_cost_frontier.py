@@ -3,7 +3,7 @@
     python -m launch.eval --world=synthetic --synthetic_tasks=400 --max_steps=1 --reward_wrong=0 --expected_grades \
         --synthetic_skills='0.9,0.9,0.9,0.9;0.85,0.3,0.3,0.3;0.3,0.8,0.3,0.3;0.3,0.3,0.7,0.3;0.3,0.3,0.3,0.6' \
         --synthetic_prices='15,75;0.15,0.6;0.15,0.6;0.15,0.6;0.15,0.6' --methods=single,random,oracle \
-        --out_dir=runs/cost_aware_fixed     # cost_aware.cfg's world flags (launch.eval has no training flags)
+        --logdir=runs/cost_aware_fixed     # cost_aware.cfg's world flags (launch.eval has no training flags)
     python scripts/plot_cost_frontier.py runs/cost_aware runs/cost_aware_fixed/results.json docs/log/cost_frontier.png
 
 Reads a `launch.compare --sweep=usd_penalty=...` directory (`<out>/usd_penalty=<v>/seed=<s>/`; a run counts once

@@ -13,13 +13,17 @@ from absl import flags
 # Old name -> new name.
 RENAMED = {
     "questions_per_step": "questions_per_iteration",
+    "out_dir": "logdir",
+    "sft_out": "logdir",
 }
 
 
-def define_renamed(old: str, new: str) -> None:
+def define_renamed(old: str, new: str, flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """Defines --old as a flag that fails, whatever its value, with a message naming --new."""
-    flags.DEFINE_string(old, None, f"Renamed to --{new}; setting it is an error.")
-    flags.register_validator(old, lambda value: value is None, f"--{old} is renamed to --{new}")
+    flags.DEFINE_string(old, None, f"Renamed to --{new}; setting it is an error.", flag_values=flag_values)
+    flags.register_validator(
+        old, lambda value: value is None, f"--{old} is renamed to --{new}", flag_values=flag_values
+    )
 
 
 for _old, _new in RENAMED.items():

@@ -1,5 +1,5 @@
 """Every flagfile shipped in launch/configs/ parses against the flags of `launch.train` and `launch.sft` (a renamed
-flag breaks it): a training flagfile and a `launch.sft` one (one that sets --sft_out)."""
+flag breaks it): a training flagfile and a `launch.sft` one (one that sets --sft_steps)."""
 
 from __future__ import annotations
 
@@ -41,11 +41,10 @@ def test_a_shipped_flagfile_parses_and_sets_its_values(path):
     with flagsaver.flagsaver():
         flags.FLAGS(["train", f"--flagfile={path}"])
         assert flags.FLAGS["world"].value == settings["world"]
-        if "sft_out" in settings:
-            assert flags.FLAGS["sft_out"].value == settings["sft_out"]
+        assert flags.FLAGS["logdir"].value == settings["logdir"]
+        if "sft_steps" in settings:
             assert flags.FLAGS["sft_steps"].value == int(settings["sft_steps"])
         else:
-            assert flags.FLAGS["logdir"].value == settings["logdir"]
             assert flags.FLAGS["iterations"].value == int(settings["iterations"])
 
 

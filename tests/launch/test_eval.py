@@ -321,7 +321,7 @@ def test_eval_command_writes_the_table_for_a_tiny_conductor_and_baselines(tmp_pa
     out = tmp_path / "eval"
     command = [
         sys.executable, "-m", "launch.eval", "--world=synthetic", "--synthetic_tasks=8", "--repeats=2",
-        "--methods=conductor,single,oracle,moa", "--max_tokens=8", f"--out_dir={out}",
+        "--methods=conductor,single,oracle,moa", "--max_tokens=8", f"--logdir={out}",
         f"--cache={tmp_path / 'cache.sqlite'}",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)

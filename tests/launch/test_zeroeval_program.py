@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from absl import flags
 
 from env.tasks import zeroeval as z
 from launch import zeroeval as program
@@ -72,3 +73,13 @@ def test_the_program_reports_the_published_table_costs_baselines_and_the_router(
     assert "| gsm | o1-mini-2024-09-12 | 75.00 | 75.00 | 75.0 | 0 | 0 | 8/8 |" in text
     assert "## Per-question router ceiling" in text
     assert np.isfinite(results["router"]["test_log_loss"])
+
+
+def test_the_output_directory_is_logdir_and_the_old_out_dir_is_refused_with_its_new_name():
+    try:
+        assert program.parse_flags(["zeroeval", "--logdir=runs/z"]) == ["zeroeval"]
+        assert program.ZEROEVAL_FLAGS["logdir"].value == "runs/z"
+        with pytest.raises(flags.IllegalFlagValueError, match="--out_dir is renamed to --logdir"):
+            program.parse_flags(["zeroeval", "--out_dir=runs/z"])
+    finally:
+        program.ZEROEVAL_FLAGS.unparse_flags()
