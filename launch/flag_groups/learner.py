@@ -36,9 +36,10 @@ _LOSS_FIELDS = {
     "mismatch_cap": flags.DEFINE_float("mismatch_cap", 2.0, "Cap of the mismatch importance weights."),
 }
 _OPTIMIZER_FIELDS = {
-    "learning_rate": flags.DEFINE_float("lr", 1e-6, "Peak learning rate (AdamW)."),
+    "learning_rate": flags.DEFINE_float("learning_rate", 1e-6, "Peak learning rate (AdamW)."),
     "schedule": flags.DEFINE_enum(
-        "lr_schedule", "cosine", field_choices(OptimizerConfig, "schedule"), "Learning-rate schedule after warmup."
+        "learning_rate_schedule", "cosine", field_choices(OptimizerConfig, "schedule"),
+        "Learning-rate schedule after warmup.",
     ),
     "weight_decay": flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay."),
     "b1": flags.DEFINE_float("adam_b1", 0.9, "AdamW first-moment decay."),

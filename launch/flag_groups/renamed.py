@@ -15,6 +15,8 @@ RENAMED = {
     "questions_per_step": "questions_per_iteration",
     "out_dir": "logdir",
     "sft_out": "logdir",
+    "lr": "learning_rate",
+    "lr_schedule": "learning_rate_schedule",
 }
 
 

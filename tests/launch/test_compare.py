@@ -454,12 +454,12 @@ def required_global_flag():
 
 def test_own_flags_are_parsed_and_everything_else_goes_to_training(tmp_path, required_global_flag):
     flagfile = tmp_path / "run.cfg"
-    flagfile.write_text("--world=synthetic\n--lr=2e-4\n--estimator=grpo\n")
+    flagfile.write_text("--world=synthetic\n--learning_rate=2e-4\n--estimator=grpo\n")
     rest = compare.parse_own_flags(
         ["compare", f"--flagfile={flagfile}", "--sweep=estimator=grpo,rloo", "--seeds=3,4", "--iterations=7"]
     )
     assert compare.COMPARE_FLAGS.sweep == "estimator=grpo,rloo" and compare.COMPARE_FLAGS.seeds == ["3", "4"]
-    assert rest[1:] == ["--world=synthetic", "--lr=2e-4", "--estimator=grpo", "--iterations=7"]
+    assert rest[1:] == ["--world=synthetic", "--learning_rate=2e-4", "--estimator=grpo", "--iterations=7"]
 
 
 def test_report_only_summarizes_finished_runs_from_the_command_line(tmp_path, fake_train):

@@ -44,7 +44,7 @@ def _value(text: str):
 
 def test_the_table_lists_the_flags_researchers_touch():
     names = {name for row_names, _ in _rows() for name in row_names}
-    assert {"estimator", "policy_loss", "ppo_epochs", "lr", "generator", "sync"} <= names
+    assert {"estimator", "policy_loss", "ppo_epochs", "learning_rate", "generator", "sync"} <= names
 
 
 @pytest.mark.parametrize("names, defaults", _rows(), ids=lambda value: ",".join(value))

@@ -35,7 +35,7 @@ from safetensors.numpy import load_file
 pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-LEARNING_RATE = 3e-4  # quickstart.cfg's --lr
+LEARNING_RATE = 3e-4  # quickstart.cfg's --learning_rate
 STEPS_PER_ITERATION = 4  # quickstart.cfg: 4 questions x 8 completions in mini-batches of 8
 HEARTBEAT_TIMEOUT_S = 30
 FLAGS = (

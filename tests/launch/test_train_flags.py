@@ -51,8 +51,8 @@ def build_env():
 
 def test_optimizer_flags_reach_the_learner_config():
     with flagsaver.flagsaver(
-        adam_b1=0.8, adam_b2=0.95, adam_eps=1e-5, weight_decay=0.01, lr=3e-4, lr_schedule="constant",
-        warmup_ratio=0.1, iterations=10, mini_batch_size=8, ppo_epochs=2, max_grad_norm=0.5,
+        adam_b1=0.8, adam_b2=0.95, adam_eps=1e-5, weight_decay=0.01, learning_rate=3e-4,
+        learning_rate_schedule="constant", warmup_ratio=0.1, iterations=10, mini_batch_size=8, ppo_epochs=2, max_grad_norm=0.5,
     ):
         config = learner_config()
     optimizer = config.optimizer
