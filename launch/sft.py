@@ -1,13 +1,14 @@
 """Supervised format warm-start of the Conductor: `python -m launch.sft [--flags]`.
 
-Fits the Conductor to a teacher's workflows (`--sft_teacher`: `launch.teachers`) for `--sft_steps` steps
+Fits the Conductor to a teacher's workflows (`--warm_start_teacher`: `launch.teachers`) for `--warm_start_steps` steps
 (`launch.warm_start`). Before and after, it samples the Conductor on a few questions and reports the fraction of
 completions that parse as workflows. The result is an HF directory (`--logdir`) that `--conductor` accepts.
 `launch.train --warm_start_steps=N` runs the same warm-start in-process.
 
-`--sft_domain_probe_weight` > 0 trains, beside the likelihood, a linear probe (discarded afterwards) that predicts
-the question's domain from the hidden state where the first worker id is chosen (see `rl.supervised`): the student
-still routes uniformly, but its decision state carries the domain, so RL can learn per-domain routing from there.
+`--warm_start_domain_probe_weight` > 0 trains, beside the likelihood, a linear probe (discarded afterwards) that
+predicts the question's domain from the hidden state where the first worker id is chosen (see `rl.supervised`): the
+student still routes uniformly, but its decision state carries the domain, so RL can learn per-domain routing from
+there.
 
 Launched on several hosts as one job (`launch/distributed.py`), every process fits the same examples on one device
 of its own (the supervised trainer has no mesh; a warm-start is small), the processes take process 0's result, and
@@ -43,8 +44,9 @@ from launch.teachers import domain_labels
 from launch.warm_start import format_validity, warm_start
 from models import hf_io
 
-_STEPS = flags.DEFINE_integer("sft_steps", 100, "Supervised steps.")
-_VALIDITY_SAMPLES = flags.DEFINE_integer("sft_validity_samples", 32, "Samples drawn to measure format validity.")
+_VALIDITY_SAMPLES = flags.DEFINE_integer(
+    "warm_start_validity_samples", 32, "Samples drawn to measure format validity."
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ def main(argv: list[str]) -> None:
     console.configure()
     distributed.initialize()
     out = output_flags.logdir("runs/sft/conductor")  # the warm-started Conductor, an HF dir
+    steps = supervised_flags.steps(default=100)
     generation = generator_flags.from_flags()
     share_gpu_with_torch_generator(generation)  # before JAX's first computation
     model, tokenizer, model_dir = load_conductor(conductor_flags.from_flags(), distributed.process_dir(out) / "init")
@@ -64,12 +67,12 @@ def main(argv: list[str]) -> None:
     params = sampling_flags.from_flags()
     before = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)
     log.info("valid workflows before warm-start: %.1f%% (temperature %g)", 100 * before, params.temperature)
-    trainer = supervised_flags.from_flags(_STEPS.value, len(domain_labels(world)))
-    history = warm_start(model, world, _STEPS.value, trainer, teacher_flags.from_flags())
+    trainer = supervised_flags.from_flags(steps, len(domain_labels(world)))
+    history = warm_start(model, world, steps, trainer, teacher_flags.from_flags())
     distributed.share_process_zero_weights(model)
     sync(model, 1)
     after = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)
-    log.info("valid workflows after %d steps: %.1f%%", _STEPS.value, 100 * after)
+    log.info("valid workflows after %d steps: %.1f%%", steps, 100 * after)
     if not distributed.is_main_process():
         generator.close()
         return
@@ -79,7 +82,7 @@ def main(argv: list[str]) -> None:
     save_trained_sampling(out, params)
     generator.close()
     print(json.dumps({"valid_before": before, "valid_after": after, "temperature": params.temperature,
-                      "final_nll": history[-1]["nll"], "steps": _STEPS.value, "out": str(out)}))
+                      "final_nll": history[-1]["nll"], "steps": steps, "out": str(out)}))
 
 
 if __name__ == "__main__":

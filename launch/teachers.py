@@ -58,10 +58,10 @@ class TeacherConfig:
         if self.reasoning not in get_args(Reasoning):
             raise ValueError(f"unknown reasoning {self.reasoning!r}; expected one of {get_args(Reasoning)}")
         if self.teacher == "rollouts" and not self.rollouts:
-            raise ValueError("--sft_teacher=rollouts needs --sft_rollouts")
+            raise ValueError("--warm_start_teacher=rollouts needs --warm_start_rollouts")
         if self.all_routes and self.teacher != "templates":
             raise ValueError(
-                f"--sft_all_routes is for the templates teacher; the {self.teacher} teacher's routes come from "
+                f"--warm_start_all_routes is for the templates teacher; the {self.teacher} teacher's routes come from "
                 + ("the world, which writes every route already" if self.teacher == "world" else "the run log")
             )
 
@@ -128,7 +128,9 @@ def template_examples(
     labels = domain_labels(environment) if probe else None
     if config.all_routes:
         if rounds:
-            raise ValueError("--sft_all_routes writes first-round workflows only; it does not combine with recursion")
+            raise ValueError(
+                "--warm_start_all_routes writes first-round workflows only; it does not combine with recursion"
+            )
         examples = []
         for _ in range(-(-count // pool_size)):
             question = rng.randrange(environment.num_questions)

@@ -61,7 +61,6 @@ _MESH_FSDP = flags.DEFINE_integer(
     "mesh_fsdp", 1, "Devices on the fsdp mesh axis, counted over all processes (fsdp x tp: all of them, multi-host)."
 )
 _MESH_TP = flags.DEFINE_integer("mesh_tp", 1, "Devices on the tensor-parallel mesh axis, counted over all processes.")
-_WARM_START_STEPS = flags.DEFINE_integer("warm_start_steps", 0, "Supervised format warm-start steps before RL.")
 # -- run bookkeeping ---------------------------------------------------------------------------------------------------
 _CHECKPOINT_DIR = flags.DEFINE_string("checkpoint_dir", None, "Checkpoints (default: <logdir>/checkpoints).")
 _KEEP = flags.DEFINE_integer("keep_checkpoints", 3, "Checkpoints kept.")
@@ -104,10 +103,11 @@ def main(argv: list[str]) -> None:
     console.configure()
     distributed.initialize()
     log_dir = output_flags.logdir("runs/train")
+    warm_start_steps = supervised_flags.steps(default=0)
     checkpoint_dir = pathlib.Path(_CHECKPOINT_DIR.value or log_dir / "checkpoints")
     if not _RESUME.value and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
         raise SystemExit(f"{checkpoint_dir} holds checkpoints and --noresume was given; choose a new --logdir")
-    if _EVAL_WARM_START.value and not (_EVAL_TASKS.value and _WARM_START_STEPS.value):
+    if _EVAL_WARM_START.value and not (_EVAL_TASKS.value and warm_start_steps):
         raise SystemExit("--eval_warm_start evaluates the warm-start on --eval_tasks: give both --eval_tasks and "
                          "--warm_start_steps")
 
@@ -120,9 +120,9 @@ def main(argv: list[str]) -> None:
     environment = TokenizedConductorEnv(env, tokenizer)
     checkpointer = Checkpointer(checkpoint_dir, keep=_KEEP.value)
     fresh_run = checkpointer.latest_step() is None
-    if _WARM_START_STEPS.value and fresh_run:
-        trainer = supervised_flags.from_flags(_WARM_START_STEPS.value, len(domain_labels(environment)))
-        warm_start(model, environment, _WARM_START_STEPS.value, trainer, teacher_flags.from_flags())
+    if warm_start_steps and fresh_run:
+        trainer = supervised_flags.from_flags(warm_start_steps, len(domain_labels(environment)))
+        warm_start(model, environment, warm_start_steps, trainer, teacher_flags.from_flags())
     distributed.share_process_zero_weights(model)
 
     generator, weight_sync = build_generator(generation, model_dir, distributed.process_dir(log_dir))

@@ -49,8 +49,8 @@ def warm_start(
         log.info("world teacher: %d questions x %d routes, mean weight %.3f", len(examples) // pool_size, pool_size,
                  sum(e.weight for e in examples) / len(examples))
         if batch_size % pool_size:
-            log.warning("--sft_batch_size=%d is not a multiple of the pool size %d: batches split questions' routes, "
-                        "whose prompts are then encoded once per route", batch_size, pool_size)
+            log.warning("--warm_start_batch_size=%d is not a multiple of the pool size %d: batches split questions' "
+                        "routes, whose prompts are then encoded once per route", batch_size, pool_size)
     trainer = SupervisedTrainer(model, trainer_config)
 
     def report(index: int, metrics: dict[str, float]) -> None:
@@ -60,7 +60,7 @@ def warm_start(
                 f" state_overlap {metrics['state_overlap']:.3f}"
                 if probe else ""
             )
-            log.info("sft step %d/%d nll %.4f grad_norm %.3f%s", index + 1, steps, metrics["nll"],
+            log.info("warm-start step %d/%d nll %.4f grad_norm %.3f%s", index + 1, steps, metrics["nll"],
                      metrics["grad_norm"], probe_part)
 
     history = trainer.fit(examples, steps, environment.tokenizer.pad_token_id or 0, on_step=report)

@@ -4,8 +4,8 @@
 
 Prints the train files' mean grade of every worker in every family (what the shares are read against), then for each
 run and window of iterations: the mean reward, the share of completions whose reasoning line names the question's own
-domain (`--sft_reasoning=domain` runs; decoded with the run's conductor_init tokenizer), and per family the share of
-routes each worker got. Then the feedback the run could have had: per family, every worker's mean grade over the
+domain (`--warm_start_reasoning=domain` runs; decoded with the run's conductor_init tokenizer), and per family the share
+of routes each worker got. Then the feedback the run could have had: per family, every worker's mean grade over the
 questions the run drew (each drawn question once per iteration that drew it), the best worker on that sample and its
 lead over the second: where that lead is small, the family's route is a coin flip for any learner fed those draws.
 Last, where the policy gradient's weight went: per family, the share of its rows with a nonzero advantage and the

@@ -17,6 +17,22 @@ RENAMED = {
     "sft_out": "logdir",
     "lr": "learning_rate",
     "lr_schedule": "learning_rate_schedule",
+    # The supervised phase is the warm-start (launch.sft is its stand-alone entry point).
+    "sft_steps": "warm_start_steps",
+    "sft_lr": "warm_start_learning_rate",
+    "sft_lr_schedule": "warm_start_learning_rate_schedule",
+    "sft_warmup_steps": "warm_start_warmup_steps",
+    "sft_batch_size": "warm_start_batch_size",
+    "sft_domain_probe_weight": "warm_start_domain_probe_weight",
+    "sft_domain_decorrelation_weight": "warm_start_domain_decorrelation_weight",
+    "sft_teacher": "warm_start_teacher",
+    "sft_rollouts": "warm_start_rollouts",
+    "sft_min_reward": "warm_start_min_reward",
+    "sft_world_weights": "warm_start_world_weights",
+    "sft_reasoning": "warm_start_reasoning",
+    "sft_all_routes": "warm_start_all_routes",
+    "sft_templates": "warm_start_templates",
+    "sft_validity_samples": "warm_start_validity_samples",
 }
 
 

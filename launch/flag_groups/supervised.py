@@ -10,26 +10,40 @@ from launch.flag_groups import field_choices, shared
 from rl.learner import OptimizerConfig
 from rl.supervised import SFTConfig
 
-_LR = flags.DEFINE_float("sft_lr", 3e-4, "Supervised peak learning rate (reached after warmup; --sft_lr_schedule).")
-_WARMUP = flags.DEFINE_integer("sft_warmup_steps", 10, "Linear warmup steps of the supervised learning rate.")
+STEPS = flags.DEFINE_integer(
+    "warm_start_steps", None,
+    "Warm-start optimizer steps (default: launch.train 0, no warm-start before RL; launch.sft 100).", lower_bound=0,
+)
+_LR = flags.DEFINE_float(
+    "warm_start_learning_rate", 3e-4,
+    "Warm-start peak learning rate (reached after warmup; --warm_start_learning_rate_schedule).",
+)
+_WARMUP = flags.DEFINE_integer(
+    "warm_start_warmup_steps", 10, "Linear warmup steps of the warm-start learning rate."
+)
 _LR_SCHEDULE = flags.DEFINE_enum(
-    "sft_lr_schedule", "constant", field_choices(OptimizerConfig, "schedule"),
+    "warm_start_learning_rate_schedule", "constant", field_choices(OptimizerConfig, "schedule"),
     "After warmup: a constant rate, or a cosine decay to 0 at the last step (the student then settles on the "
     "teacher's average over many batches, e.g. uniform routing, rather than on the last few batches' draws).",
 )
-_BATCH = flags.DEFINE_integer("sft_batch_size", 8, "Supervised examples per step.")
+_BATCH = flags.DEFINE_integer("warm_start_batch_size", 8, "Warm-start examples per optimizer step.")
 _DOMAIN_PROBE_WEIGHT = flags.DEFINE_float(
-    "sft_domain_probe_weight", 0.0,
+    "warm_start_domain_probe_weight", 0.0,
     "Weight of a discarded linear probe's domain cross-entropy at the first worker-id decision (0: no probe).",
     lower_bound=0.0,
 )
 _DOMAIN_DECORRELATION_WEIGHT = flags.DEFINE_float(
-    "sft_domain_decorrelation_weight", 0.0,
+    "warm_start_domain_decorrelation_weight", 0.0,
     "Weight of the mean squared cosine between domains' mean states at the first worker-id decision (needs "
-    "--sft_domain_probe_weight > 0; 0: off), so that GRPO's update of a worker's output row from one domain does "
-    "not move the others' logits for it.",
+    "--warm_start_domain_probe_weight > 0; 0: off), so that GRPO's update of a worker's output row from one domain "
+    "does not move the others' logits for it.",
     lower_bound=0.0,
 )
+
+
+def steps(default: int) -> int:
+    """--warm_start_steps, or the entry point's own default when it is not set."""
+    return default if STEPS.value is None else STEPS.value
 
 
 def from_flags(steps: int, domains: int) -> SFTConfig:
@@ -39,7 +53,9 @@ def from_flags(steps: int, domains: int) -> SFTConfig:
         total_steps=max(steps, 1),
     )
     if _DOMAIN_DECORRELATION_WEIGHT.value and not _DOMAIN_PROBE_WEIGHT.value:
-        raise ValueError("--sft_domain_decorrelation_weight needs the probe's labels (--sft_domain_probe_weight > 0)")
+        raise ValueError(
+            "--warm_start_domain_decorrelation_weight needs the probe's labels (--warm_start_domain_probe_weight > 0)"
+        )
     head = None
     if _DOMAIN_PROBE_WEIGHT.value > 0:
         head = TaskProbe(domains, _DOMAIN_PROBE_WEIGHT.value, _DOMAIN_DECORRELATION_WEIGHT.value)

@@ -11,27 +11,28 @@ from launch.flag_groups import field_values, shared
 from launch.teachers import Reasoning, RouteWeighting, Teacher, TeacherConfig
 
 _FIELDS = {
-    "teacher": flags.DEFINE_enum("sft_teacher", "templates", get_args(Teacher), "Where the targets come from."),
-    "rollouts": flags.DEFINE_string("sft_rollouts", None, "A run's rollouts.jsonl (teacher=rollouts)."),
-    "min_reward": flags.DEFINE_float("sft_min_reward", 1.0, "Keep logged rollouts with at least this reward."),
+    "teacher": flags.DEFINE_enum("warm_start_teacher", "templates", get_args(Teacher), "Where the targets come from."),
+    "rollouts": flags.DEFINE_string("warm_start_rollouts", None, "A run's rollouts.jsonl (teacher=rollouts)."),
+    "min_reward": flags.DEFINE_float("warm_start_min_reward", 1.0, "Keep logged rollouts with at least this reward."),
     "world_weights": flags.DEFINE_enum(
-        "sft_world_weights", "grade", get_args(RouteWeighting),
+        "warm_start_world_weights", "grade", get_args(RouteWeighting),
         "How the world teacher weights a route: by its grade, or by how far its grade exceeds the mean grade of the "
         "question's routes (routes at or under the mean get 0).",
     ),
     "reasoning": flags.DEFINE_enum(
-        "sft_reasoning", "template", get_args(Reasoning),
+        "warm_start_reasoning", "template", get_args(Reasoning),
         "The reasoning line of the templates and world teachers' workflows: the template's own, or the template's "
         "opened by the question's task domain ('This is a gsm8k question.').",
     ),
     "all_routes": flags.DEFINE_boolean(
-        "sft_all_routes", False,
+        "warm_start_all_routes", False,
         "Templates teacher: write each drawn question's template once per pool worker, so the warm-start's routing "
         "target is exactly uniform on every question (drawn workers leave chance leanings family by family).",
     ),
 }
 _TEMPLATES = flags.DEFINE_list(
-    "sft_templates", list(DEFAULT_TEMPLATES), f"Template policies of the templates teacher, of {', '.join(TEMPLATES)}."
+    "warm_start_templates", list(DEFAULT_TEMPLATES),
+    f"Template policies of the templates teacher, of {', '.join(TEMPLATES)}.",
 )
 
 

@@ -1,5 +1,5 @@
 """Every flagfile shipped in launch/configs/ parses against the flags of `launch.train` and `launch.sft` (a renamed
-flag breaks it): a training flagfile and a `launch.sft` one (one that sets --sft_steps)."""
+flag breaks it): a training flagfile and a `launch.sft` one (one that sets no --iterations)."""
 
 from __future__ import annotations
 
@@ -42,10 +42,10 @@ def test_a_shipped_flagfile_parses_and_sets_its_values(path):
         flags.FLAGS(["train", f"--flagfile={path}"])
         assert flags.FLAGS["world"].value == settings["world"]
         assert flags.FLAGS["logdir"].value == settings["logdir"]
-        if "sft_steps" in settings:
-            assert flags.FLAGS["sft_steps"].value == int(settings["sft_steps"])
-        else:
+        if "iterations" in settings:  # a launch.train flagfile
             assert flags.FLAGS["iterations"].value == int(settings["iterations"])
+        else:  # launch.sft's: a warm-start alone
+            assert flags.FLAGS["warm_start_steps"].value == int(settings["warm_start_steps"])
 
 
 def test_the_workflows_flagfile_states_its_worlds_exact_optimum_and_starts_from_a_uniform_shape():

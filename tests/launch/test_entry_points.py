@@ -21,7 +21,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 # Each entry point with one flag it defines itself, which its help must list.
 ENTRY_POINTS = {
     "train": "estimator",
-    "sft": "sft_teacher",
+    "sft": "warm_start_teacher",
     "eval": "methods",
     "serve": "format_attempts",
     "compare": "seeds",

@@ -224,8 +224,9 @@ def test_the_sft_command_measures_validity_at_the_rl_temperature_and_writes_an_h
     out = tmp_path / "sft"
     command = [
         sys.executable, "-m", "launch.sft", "--world=synthetic", "--synthetic_tasks=8", "--conductor=tiny",
-        "--tiny_layers=1", "--tiny_width=32", "--sft_steps=3", "--sft_batch_size=2", "--sft_validity_samples=4",
-        "--max_tokens=8", "--temperature=0.5", "--sft_lr_schedule=cosine", f"--logdir={out}",
+        "--tiny_layers=1", "--tiny_width=32", "--warm_start_steps=3", "--warm_start_batch_size=2",
+        "--warm_start_validity_samples=4",
+        "--max_tokens=8", "--temperature=0.5", "--warm_start_learning_rate_schedule=cosine", f"--logdir={out}",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -52,7 +52,8 @@ def build_env():
 def test_optimizer_flags_reach_the_learner_config():
     with flagsaver.flagsaver(
         adam_b1=0.8, adam_b2=0.95, adam_eps=1e-5, weight_decay=0.01, learning_rate=3e-4,
-        learning_rate_schedule="constant", warmup_ratio=0.1, iterations=10, mini_batch_size=8, ppo_epochs=2, max_grad_norm=0.5,
+        learning_rate_schedule="constant", warmup_ratio=0.1, iterations=10, mini_batch_size=8, ppo_epochs=2,
+        max_grad_norm=0.5,
     ):
         config = learner_config()
     optimizer = config.optimizer
@@ -258,10 +259,11 @@ def test_jax_leaves_the_gpu_to_a_torch_generator_beside_it(generator_settings, u
 
 def test_teacher_flags_reach_the_teacher_config():
     assert teacher_flags.from_flags() == TeacherConfig()
-    with flagsaver.flagsaver(sft_teacher="world", sft_templates=["single"], sft_world_weights="advantage",
-                             stratify_questions=True):  # fmt: skip
+    with flagsaver.flagsaver(warm_start_teacher="world", warm_start_templates=["single"],
+                             warm_start_world_weights="advantage", stratify_questions=True):  # fmt: skip
         assert teacher_flags.from_flags() == TeacherConfig(
             teacher="world", templates=("single",), world_weights="advantage", stratify_questions=True
         )
-    with flagsaver.flagsaver(sft_teacher="rollouts"), pytest.raises(ValueError, match="needs --sft_rollouts"):
+    with (flagsaver.flagsaver(warm_start_teacher="rollouts"),
+          pytest.raises(ValueError, match="needs --warm_start_rollouts")):
         teacher_flags.from_flags()
