@@ -5,7 +5,7 @@ Fits the Conductor to a teacher's workflows (`--warm_start_teacher`: `launch.tea
 completions that parse as workflows. The result is an HF directory (`--logdir`) that `--conductor` accepts.
 `launch.train --warm_start_steps=N` runs the same warm-start in-process.
 
-`--warm_start_domain_probe_weight` > 0 trains, beside the likelihood, a linear probe (discarded afterwards) that
+`--warm_start_task_probe_weight` > 0 trains, beside the likelihood, a linear probe (discarded afterwards) that
 predicts the question's domain from the hidden state where the first worker id is chosen (see `rl.supervised`): the
 student still routes uniformly, but its decision state carries the domain, so RL can learn per-domain routing from
 there.

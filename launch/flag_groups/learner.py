@@ -60,10 +60,10 @@ _ROUTE_ENTROPY_COEF = flags.DEFINE_float(
     "before the others have been tried, without spreading probability over the vocabulary as --entropy_coef does.",
     lower_bound=0.0,
 )
-_DOMAIN_DECORRELATION_COEF = flags.DEFINE_float(
-    "domain_decorrelation_coef", 0.0,
-    "Weight of the task domains' state overlap in the RL loss: the mean squared cosine between the domains' mean "
-    "states at the token that writes the first worker id, so one domain's routing update moves the others' less.",
+_TASK_DECORRELATION_COEF = flags.DEFINE_float(
+    "task_decorrelation_coef", 0.0,
+    "Weight of the tasks' state overlap in the RL loss: the mean squared cosine between the tasks' mean states at "
+    "the token that writes the first worker id, so one task's routing update moves the others' less.",
     lower_bound=0.0,
 )
 _ROUTE_ENTROPY_DECAY_RATIO = flags.DEFINE_float(
@@ -117,8 +117,8 @@ def terms_from_flags(total_steps: int, route_token_ids: tuple[int, ...]) -> tupl
         raise ValueError(
             f"--route_entropy_decay_ratio gives decay_steps={decay_steps} to --route_entropy_coef, which is 0"
         )
-    if _DOMAIN_DECORRELATION_COEF.value:
-        terms.append(TermConfig("decorrelation", _DOMAIN_DECORRELATION_COEF.value))
+    if _TASK_DECORRELATION_COEF.value:
+        terms.append(TermConfig("decorrelation", _TASK_DECORRELATION_COEF.value))
     return tuple(terms)
 
 

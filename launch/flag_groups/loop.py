@@ -32,11 +32,11 @@ _BALANCE_ROUTES = flags.DEFINE_float(
     "domains), in between the push is partly removed.",
     lower_bound=0.0, upper_bound=1.0,
 )
-_POOL_ROUTES_BY_STRATUM = flags.DEFINE_float(
-    "pool_routes_by_stratum", 0.0,
+_POOL_ROUTES_BY_TASK = flags.DEFINE_float(
+    "pool_routes_by_task", 0.0,
     "Move each completion's advantage this fraction (0 to 1) of the way to its route's mean advantage over the "
-    "batch's completions of its task domain; at 1 a domain's questions move as one onto the worker that leads "
-    "over the domain, instead of each fitting the wins its own draws gave it (needs a world with task domains).",
+    "batch's completions of its task; at 1 a task's questions move as one onto the worker that leads over the "
+    "task, instead of each fitting the wins its own draws gave it (needs a world whose questions carry tasks).",
     lower_bound=0.0, upper_bound=1.0,
 )
 _ROUTE_WEIGHTING = flags.DEFINE_enum(
@@ -63,8 +63,8 @@ def transforms_from_flags() -> tuple[TransformConfig, ...]:
     """The advantage transforms the flags ask for: routes pooled by task, then balanced, then the route tokens
     weighted by inverse propensity (`rl.advantages.Transformed`: that last scales tokens of the final advantages)."""
     transforms = []
-    if _POOL_ROUTES_BY_STRATUM.value:
-        transforms.append(TransformConfig("pool_routes", {"fraction": _POOL_ROUTES_BY_STRATUM.value}))
+    if _POOL_ROUTES_BY_TASK.value:
+        transforms.append(TransformConfig("pool_routes", {"fraction": _POOL_ROUTES_BY_TASK.value}))
     if _BALANCE_ROUTES.value:
         transforms.append(TransformConfig("balance_routes", {"fraction": _BALANCE_ROUTES.value}))
     if _ROUTE_WEIGHTING.value == "inverse_propensity":

@@ -23,8 +23,8 @@ RENAMED = {
     "sft_lr_schedule": "warm_start_learning_rate_schedule",
     "sft_warmup_steps": "warm_start_warmup_steps",
     "sft_batch_size": "warm_start_batch_size",
-    "sft_domain_probe_weight": "warm_start_domain_probe_weight",
-    "sft_domain_decorrelation_weight": "warm_start_domain_decorrelation_weight",
+    "sft_domain_probe_weight": "warm_start_task_probe_weight",
+    "sft_domain_decorrelation_weight": "warm_start_task_decorrelation_weight",
     "sft_teacher": "warm_start_teacher",
     "sft_rollouts": "warm_start_rollouts",
     "sft_min_reward": "warm_start_min_reward",
@@ -33,6 +33,9 @@ RENAMED = {
     "sft_all_routes": "warm_start_all_routes",
     "sft_templates": "warm_start_templates",
     "sft_validity_samples": "warm_start_validity_samples",
+    # Outside rl/ a question's label is its task (rl/ calls it a question label).
+    "pool_routes_by_stratum": "pool_routes_by_task",
+    "domain_decorrelation_coef": "task_decorrelation_coef",
 }
 
 

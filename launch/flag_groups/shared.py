@@ -7,8 +7,8 @@ from absl import flags
 SEED = flags.DEFINE_integer("seed", 0, "Seed of initialisation, data order and sampling.")
 STRATIFY_QUESTIONS = flags.DEFINE_boolean(
     "stratify_questions", False,
-    "Questions take the task domains in turn: each training iteration holds one of each per run of as many "
-    "questions as there are domains, and the world warm-start teacher draws the domains equally.",
+    "Questions take the tasks in turn: each training iteration holds one of each per run of as many questions as "
+    "there are tasks, and the world warm-start teacher draws the tasks equally.",
 )
 SHARE_PROMPTS = flags.DEFINE_boolean(
     "share_prompts", True,

@@ -27,15 +27,15 @@ _LR_SCHEDULE = flags.DEFINE_enum(
     "teacher's average over many batches, e.g. uniform routing, rather than on the last few batches' draws).",
 )
 _BATCH = flags.DEFINE_integer("warm_start_batch_size", 8, "Warm-start examples per optimizer step.")
-_DOMAIN_PROBE_WEIGHT = flags.DEFINE_float(
-    "warm_start_domain_probe_weight", 0.0,
-    "Weight of a discarded linear probe's domain cross-entropy at the first worker-id decision (0: no probe).",
+_TASK_PROBE_WEIGHT = flags.DEFINE_float(
+    "warm_start_task_probe_weight", 0.0,
+    "Weight of a discarded linear probe's task cross-entropy at the first worker-id decision (0: no probe).",
     lower_bound=0.0,
 )
-_DOMAIN_DECORRELATION_WEIGHT = flags.DEFINE_float(
-    "warm_start_domain_decorrelation_weight", 0.0,
-    "Weight of the mean squared cosine between domains' mean states at the first worker-id decision (needs "
-    "--warm_start_domain_probe_weight > 0; 0: off), so that GRPO's update of a worker's output row from one domain "
+_TASK_DECORRELATION_WEIGHT = flags.DEFINE_float(
+    "warm_start_task_decorrelation_weight", 0.0,
+    "Weight of the mean squared cosine between tasks' mean states at the first worker-id decision (needs "
+    "--warm_start_task_probe_weight > 0; 0: off), so that GRPO's update of a worker's output row from one task "
     "does not move the others' logits for it.",
     lower_bound=0.0,
 )
@@ -46,19 +46,19 @@ def steps(default: int) -> int:
     return default if STEPS.value is None else STEPS.value
 
 
-def from_flags(steps: int, domains: int) -> SFTConfig:
-    """The trainer's config for `steps` steps over a world of `domains` task domains (the probe's classes)."""
+def from_flags(steps: int, tasks: int) -> SFTConfig:
+    """The trainer's config for `steps` steps over a world of `tasks` tasks (the probe's classes)."""
     optimizer = OptimizerConfig(
         learning_rate=_LR.value, schedule=_LR_SCHEDULE.value, warmup_steps=min(_WARMUP.value, steps),
         total_steps=max(steps, 1),
     )
-    if _DOMAIN_DECORRELATION_WEIGHT.value and not _DOMAIN_PROBE_WEIGHT.value:
+    if _TASK_DECORRELATION_WEIGHT.value and not _TASK_PROBE_WEIGHT.value:
         raise ValueError(
-            "--warm_start_domain_decorrelation_weight needs the probe's labels (--warm_start_domain_probe_weight > 0)"
+            "--warm_start_task_decorrelation_weight needs the probe's labels (--warm_start_task_probe_weight > 0)"
         )
     head = None
-    if _DOMAIN_PROBE_WEIGHT.value > 0:
-        head = TaskProbe(domains, _DOMAIN_PROBE_WEIGHT.value, _DOMAIN_DECORRELATION_WEIGHT.value)
+    if _TASK_PROBE_WEIGHT.value > 0:
+        head = TaskProbe(tasks, _TASK_PROBE_WEIGHT.value, _TASK_DECORRELATION_WEIGHT.value)
     return SFTConfig(
         optimizer=optimizer,
         batch_size=_BATCH.value,

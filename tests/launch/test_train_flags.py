@@ -90,8 +90,8 @@ def test_the_route_entropy_decay_ratio_counts_the_runs_optimizer_steps():
 
 
 def test_the_conductors_transform_and_term_flags_become_registered_transforms_and_terms_in_order():
-    with flagsaver.flagsaver(pool_routes_by_stratum=0.5, balance_routes=0.25, route_weighting="inverse_propensity",
-                             route_weight_cap=3.0, domain_decorrelation_coef=0.2):
+    with flagsaver.flagsaver(pool_routes_by_task=0.5, balance_routes=0.25, route_weighting="inverse_propensity",
+                             route_weight_cap=3.0, task_decorrelation_coef=0.2):
         loop = loop_flags.from_flags(0)
         loss = learner_config().loss
     assert [(t.name, dict(t.options)) for t in loop.advantage_transforms] == [
