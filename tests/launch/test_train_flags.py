@@ -17,6 +17,7 @@ from env.workers.api import FREE, Price
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import SyntheticWorldConfig, build_world
 from launch import conductor_env, generators
+from launch import sft, train  # noqa: F401  (define the renamed flags' new names, --logdir among them)
 from launch.flag_groups import environment as environment_flags
 from launch.flag_groups import generator as generator_flags
 from launch.flag_groups import learner as learner_flags
