@@ -48,7 +48,6 @@ import json
 import logging
 import math
 import os
-import pathlib
 import sys
 import time
 import uuid
@@ -69,6 +68,7 @@ from launch.flag_groups import conductor as conductor_flags
 from launch.flag_groups import field_values
 from launch.flag_groups import environment as environment_flags
 from launch.flag_groups import generator as generator_flags
+from launch.flag_groups import output as output_flags
 from launch.flag_groups import sampling as sampling_flags
 from launch.generators import build_generator, share_gpu_with_torch_generator
 from models.tokenizer import render_chat
@@ -109,7 +109,6 @@ _ACCESS_FIELDS = {
     ),
 }
 _MODEL_NAME = flags.DEFINE_string("served_model_name", "conductor", "The model id clients ask for.")
-_WORK_DIR = flags.DEFINE_string("workdir", "runs/serve", "Where a 'tiny' Conductor is written.")
 _FORMAT_ATTEMPTS = flags.DEFINE_integer(
     "format_attempts", 3,
     "Tries per request at a workflow that parses: the first greedy, the rest sampled at the serving temperature "
@@ -735,7 +734,7 @@ def build_server(access: AccessConfig) -> ChatServer:
     generation = generator_flags.from_flags()
     share_gpu_with_torch_generator(generation)  # before JAX's first computation
     env = build_env(environment_flags.from_flags())
-    work_dir = pathlib.Path(_WORK_DIR.value)
+    work_dir = output_flags.logdir("runs/serve")  # a 'tiny' Conductor and the generator's files
     _, tokenizer, model_dir = load_conductor(conductor_flags.from_flags(), work_dir / "conductor")
     generator, _ = build_generator(generation, model_dir, work_dir)
     config = ServeConfig(

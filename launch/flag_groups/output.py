@@ -10,11 +10,12 @@ import pathlib
 
 from absl import flags
 
-from launch.flag_groups import renamed  # noqa: F401  (the old names, --out_dir and --sft_out, fail)
+from launch.flag_groups import renamed  # noqa: F401  (the old names, --out_dir, --sft_out and --workdir, fail)
 
 LOGDIR = flags.DEFINE_string(
     "logdir", None,
-    "Where the run writes its files (default: runs/<entry point>: runs/train, runs/eval, runs/sft/conductor).",
+    "Where the run writes its files (default: runs/<entry point>: runs/train, runs/eval, runs/sft/conductor, "
+    "runs/serve).",
 )
 
 

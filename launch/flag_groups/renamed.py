@@ -15,6 +15,7 @@ RENAMED = {
     "questions_per_step": "questions_per_iteration",
     "out_dir": "logdir",
     "sft_out": "logdir",
+    "workdir": "logdir",
     "lr": "learning_rate",
     "lr_schedule": "learning_rate_schedule",
     # The supervised phase is the warm-start (launch.sft is its stand-alone entry point).

@@ -395,7 +395,7 @@ def test_the_serve_command_answers_with_a_tiny_conductor(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "launch.serve", "--world=synthetic", "--synthetic_tasks=10", f"--port={port}",
-               "--max_tokens=8", f"--workdir={tmp_path}", "--served_model_name=tiny-conductor"]  # fmt: skip
+               "--max_tokens=8", f"--logdir={tmp_path}", "--served_model_name=tiny-conductor"]  # fmt: skip
     environ = {**os.environ, "CONDUCTOR_API_KEY": "sk-served"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ)
     try:
