@@ -32,6 +32,7 @@ from env.tasks.data_files import (
 )
 from env.tasks.routerdc import ROUTERDC_FILES
 from env.tasks.zeroeval import ZEROEVAL_FILES
+from launch.flag_groups.own_flags import own_flags_parser
 
 # Own FlagValues: the launchers' global --data_dir (launch.flag_groups.world) is not redefined, and nothing here leaks into
 # their flags.
@@ -178,14 +179,7 @@ def _fetch(
     return 0
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-    if any(arg in ("-h", "--help", "--helpfull") for arg in argv[1:]):
-        print(__doc__)
-        print(DATA_FLAGS.get_help())
-        sys.exit(0)
-    rest = DATA_FLAGS(argv)
-    flags.FLAGS.mark_as_parsed()  # absl's own flags (logging) keep their defaults
-    return rest
+parse_flags = own_flags_parser(DATA_FLAGS, __doc__)
 
 
 def main(argv: list[str]) -> None:

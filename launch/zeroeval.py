@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import sys
 from typing import Sequence
 
 import numpy as np
@@ -28,6 +27,7 @@ from env import frontier, text_router
 from env.tasks import zeroeval
 from env.workers.recorded import TOKENIZERS, ZEROEVAL_PRICES, RecordedWorker, count_tokens
 from launch.flag_groups import renamed
+from launch.flag_groups.own_flags import own_flags_parser
 
 # Own FlagValues, as launch.data's: --data_dir and --logdir are also the launchers' flags, and a process that
 # imports both (a test session) must not define them twice.
@@ -204,14 +204,7 @@ def main(argv: list[str]) -> None:
     print(text)
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-    if any(arg in ("-h", "--help", "--helpfull") for arg in argv[1:]):
-        print(__doc__)
-        print(ZEROEVAL_FLAGS.get_help())
-        sys.exit(0)
-    rest = ZEROEVAL_FLAGS(argv)
-    flags.FLAGS.mark_as_parsed()  # absl's own flags (logging) keep their defaults
-    return rest
+parse_flags = own_flags_parser(ZEROEVAL_FLAGS, __doc__)
 
 
 if __name__ == "__main__":
