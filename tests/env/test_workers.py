@@ -1,6 +1,7 @@
 """Provider backends against local servers speaking each provider's wire format."""
 
 import asyncio
+import dataclasses
 import logging
 import math
 import random
@@ -24,6 +25,8 @@ from tests.env.helpers import exact_task
 
 SECRET = "sk-test-DO-NOT-LOG-7f3a9c"
 FAST_RETRY = RetryConfig(timeout_s=0.3, max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.5, max_concurrency=4)
+# Where no reply hangs, a short timeout would count a slow reply on a loaded host as a failed attempt.
+PATIENT_RETRY = dataclasses.replace(FAST_RETRY, timeout_s=30.0)
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 6 * 7?"}]
 
 BACKENDS = {
@@ -72,7 +75,7 @@ def complete(worker, messages=MESSAGES, **kwargs):
 def test_a_normal_call_returns_text_tokens_and_cost_from_the_price_table(backend):
     fake_cls, make = BACKENDS[backend]
     with fake_cls() as server:
-        worker = make(server.base_url, FAST_RETRY)
+        worker = make(server.base_url, PATIENT_RETRY)
         reply = complete(worker)
         assert server.request_count == 1
         assert reply.text == reply_text(server.requests[0])
@@ -90,7 +93,7 @@ def test_429_500_hang_and_malformed_json_are_retried_until_success(backend):
     fake_cls, make = BACKENDS[backend]
     with fake_cls() as server:
         server.script = ["429", "500"]
-        complete(make(server.base_url, FAST_RETRY))
+        complete(make(server.base_url, PATIENT_RETRY))
         assert server.request_count == 3
         server.script = ["hang", "malformed"]
         start = time.perf_counter()
@@ -106,7 +109,7 @@ def test_retry_after_is_honoured(backend):
     with fake_cls(retry_after_s=0.4) as server:
         server.script = ["429"]
         start = time.perf_counter()
-        complete(make(server.base_url, FAST_RETRY))
+        complete(make(server.base_url, PATIENT_RETRY))
         assert time.perf_counter() - start >= 0.4
         assert server.request_count == 2
 
@@ -118,7 +121,7 @@ def test_persistent_faults_fail_cleanly_after_the_configured_attempts(backend, f
     with fake_cls() as server:
         server.script = [fault] * 3
         with pytest.raises(WorkerError) as raised:
-            complete(make(server.base_url, FAST_RETRY))
+            complete(make(server.base_url, FAST_RETRY if fault == "hang" else PATIENT_RETRY))
         assert server.request_count == 3
     reason = {"500": "HTTP 500", "malformed": "malformed", "hang": "timeout"}[fault]
     assert reason in str(raised.value) and "after 3 attempt(s)" in str(raised.value)
@@ -130,13 +133,13 @@ def test_client_errors_are_not_retried(backend):
     with fake_cls() as server:
         server.script = ["400"]
         with pytest.raises(WorkerError, match="HTTP 400 after 1 attempt"):
-            complete(make(server.base_url, FAST_RETRY))
+            complete(make(server.base_url, PATIENT_RETRY))
         assert server.request_count == 1
 
 
 def test_a_failing_provider_becomes_a_failed_step_and_the_batch_goes_on():
     with FakeOpenAI() as server:
-        worker = OpenAIWorker(name="gpt", model="gpt-5", base_url=server.base_url, retry=FAST_RETRY)
+        worker = OpenAIWorker(name="gpt", model="gpt-5", base_url=server.base_url, retry=PATIENT_RETRY)
         server.script = ["500", "500", "500"]  # the first call to arrive uses up all its attempts
         tasks = [exact_task(f"t{i}", question=f"q{i}") for i in range(6)]
         workflow = Workflow(steps=(Step(0, "answer"),))
