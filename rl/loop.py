@@ -340,7 +340,13 @@ class TrainingLoop:
             if not self._recursion_round(rounds, times):
                 break
         rounds = _gathered(rounds)
+        self.data_position += config.questions_per_iteration
+        return self._learn(rounds, times, started)
 
+    def _learn(self, rounds: list[_Sampled], times: dict[str, float], started: float) -> dict[str, float]:
+        """Trains on an iteration's rows (every process's, round by round), syncs the new weights, logs; returns the
+        scalars it logged. `started` is when the iteration began (`time.perf_counter()`)."""
+        config = self.config
         rows = [(s, i) for s in rounds for i in range(len(s.completions))]
         completions = [s.completions[i] for s, i in rows]
         episodes = np.asarray([s.episodes[i] for s, i in rows])
@@ -411,7 +417,6 @@ class TrainingLoop:
         else:
             log.warning("iteration %d: every group had zero reward variance; no update", self.iteration + 1)
 
-        self.data_position += config.questions_per_iteration
         self.iteration += 1
         times["iteration"] = time.perf_counter() - started
         trained = keep & (advantages != 0)
