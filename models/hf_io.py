@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from models import sharding
 from models.config import ModelConfig
+from models.lora import merged
 from models.transformer import Transformer
 
 _SAFETENSORS_FILE = "model.safetensors"
@@ -71,8 +72,10 @@ def variable_at(model: Transformer, path: tuple[str | int, ...]) -> nnx.Variable
 def to_hf_tensors(model: Transformer) -> dict[str, jax.Array]:
     """The model's parameters under their HF names and in HF layout (`[out, in]` matrices).
 
-    Tied models emit no `lm_head.weight`. Arrays keep their dtype and sharding; nothing is copied to the host.
+    Tied models emit no `lm_head.weight`. Arrays keep their dtype and sharding; nothing is copied to the host. A
+    model with LoRA adapters gives its merged weights (`models.lora.merged`).
     """
+    model = merged(model)
     tensors = {}
     for entry in param_map(model.config):
         value = variable_at(model, entry.path)[...]

@@ -1,6 +1,7 @@
 """Checkpoints of the learner and the loop, on orbax's CheckpointManager.
 
-One checkpoint holds the parameters, the optimizer state, the frozen reference parameters (when the KL term is on),
+One checkpoint holds the trained parameters (every weight, or the LoRA adapters alone: the base weights are the
+run's starting model, which a resumed run rebuilds), the optimizer state, the frozen reference parameters (when the KL term is on),
 the learner's step counters, the loop's RNG key and an opaque JSON dict of loop state (for example the data
 position). Restoring into a learner built the same way and continuing gives bit-identical parameters to a run that
 was never interrupted.
@@ -27,6 +28,14 @@ def _abstract(tree):
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
+def _lora_fields(learner: Learner | None) -> dict[str, Any]:
+    """What decides the trained parameters' structure: rank 0 (every weight) or the adapters' rank and targets."""
+    lora = learner.config.lora if learner is not None else None
+    if lora is None or not lora.enabled:
+        return {"rank": 0}
+    return {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets)}
+
+
 class Checkpointer:
     """`save(step, learner, rng_key, loop_state)` and `restore(learner)` of the latest step; keeps the last `keep`."""
 
@@ -49,6 +58,7 @@ class Checkpointer:
             "rng_shape": list(rng_data.shape),
             "rng_dtype": str(rng_data.dtype),
             "loop_state": loop_state,
+            "lora": _lora_fields(learner),
         }
         arrays = {
             "params": learner.params,
@@ -75,6 +85,13 @@ class Checkpointer:
         if step is None:
             return None
         meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        # Checkpoints from before LoRA existed trained every weight.
+        saved_lora = meta.get("lora", _lora_fields(None))
+        if saved_lora != _lora_fields(learner):
+            raise ValueError(
+                f"checkpoint {step} in {self.directory} trained LoRA {saved_lora}, this learner "
+                f"{_lora_fields(learner)}; resume with the run's own --lora_* flags"
+            )
         targets = {
             "params": learner.params,
             "opt_state": learner.opt_state,

@@ -22,6 +22,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.logprobs import completion_predictors, token_logprobs
+from models.lora import LoRAConfig, adapted, apply_lora
 from models.sharding import batch_sharding, shard_model
 from rl import row_selection
 from rl.auxiliary import TermInputs
@@ -123,6 +124,8 @@ class LearnerConfig:
         same.
     run_duplicates_once: run each distinct row of a prompt block through the model once (`rl.row_selection`); the
         update is the same.
+    lora: with a rank > 0, the learner adapts the model (`models.lora.apply_lora`) and trains, checkpoints and keeps
+        optimizer state for the adapters alone; weight sync and saved models see the merged weights.
     """
 
     loss: LossConfig = LossConfig()
@@ -136,6 +139,7 @@ class LearnerConfig:
     old_logprobs: OldLogprobs = "recompute"
     skip_zero_gradient_rows: bool = True
     run_duplicates_once: bool = True
+    lora: LoRAConfig = LoRAConfig()
 
     def __post_init__(self) -> None:
         if self.old_logprobs not in get_args(OldLogprobs):
@@ -340,9 +344,12 @@ class Learner:
         self.model = model
         self.config = config
         self.mesh = mesh
+        apply_lora(model, config.lora, rngs=nnx.Rngs(config.lora.seed))
+        # With adapters only they train: the base weights ride in the frozen state beside the buffers.
+        self._trainable = nnx.LoRAParam if adapted(model) else nnx.Param
         if mesh is not None:
             shard_model(model, mesh)
-        self._graphdef, params, self._other_state = nnx.split(model, nnx.Param, ...)
+        self._graphdef, params, self._other_state = nnx.split(model, self._trainable, ...)
         self._learning_rate = config.optimizer.learning_rate_schedule()
         self.opt_state = config.optimizer.make().init(params)
         if mesh is not None:
@@ -360,7 +367,8 @@ class Learner:
 
     @property
     def params(self) -> nnx.State:
-        return nnx.state(self.model, nnx.Param)
+        """What the optimizer moves: every parameter, or the LoRA adapters alone."""
+        return nnx.state(self.model, self._trainable)
 
     def load_state(self, *, params, opt_state, reference_params, step: int, optimizer_step: int) -> None:
         """Replaces the whole training state (what `rl.checkpoint` restores)."""

@@ -30,6 +30,7 @@ import torch
 from jax.experimental import multihost_utils
 
 from models.hf_io import param_map, variable_at
+from models.lora import merged
 from models.transformer import Transformer
 from rollout.transport import write_checkpoint
 from rollout.types import Generator
@@ -58,8 +59,10 @@ def hf_torch_tensors(model: Transformer, *, dtype: Any = None) -> dict[str, torc
 
     Same names, transposes and tied-embedding rule as `models.hf_io.to_hf_tensors` (both read `param_map`), but
     a transposed matrix comes back as a transposed torch *view* of the NNX buffer instead of a transposed copy:
-    the one copy happens where the tensor lands (an in-place `copy_`, a file, a bucket).
+    the one copy happens where the tensor lands (an in-place `copy_`, a file, a bucket). A model with LoRA adapters
+    sends its merged weights (`models.lora.merged`), so every transport carries them.
     """
+    model = merged(model)
     tensors = {}
     for entry in param_map(model.config):
         value = variable_at(model, entry.path)[...]
