@@ -470,8 +470,13 @@ class Learner:
             num_micro_batches=rows.source.shape[0] // self._rows_per_pass(rows.source.shape[0]),
         )
 
-    def update(self, batch: Trajectories) -> dict[str, float]:
-        """Optimise on `batch`; returns metrics averaged over this update's optimizer steps."""
+    def update(self, batch: Trajectories, *, sampled_by_current_weights: bool = True) -> dict[str, float]:
+        """Optimise on `batch`; returns metrics averaged over this update's optimizer steps.
+
+        `sampled_by_current_weights=False`: some rows were sampled under earlier weights (`LoopConfig.max_staleness`).
+        With `old_logprobs="sampler"` the first step then takes the sampler's log-probs as the old ones too, so the
+        sampler is the behaviour policy of every step; with "recompute" nothing changes (the first step's own
+        log-probs are those of the weights the update starts from, what the later steps recompute)."""
         loss = self.config.loss
         missing = [
             f"token position {name!r}" for name in loss.token_positions_read if name not in batch.token_positions
@@ -499,6 +504,7 @@ class Learner:
                 step.batch = step.batch.replace(old_logprobs=old_logprobs)
             if self.reference_params is not None:
                 step.ref_logprobs = self._logprobs(self.reference_params, step.model_rows, step.batch.completion_start)
+        first_on_policy = sampled_by_current_weights or self.config.old_logprobs == "recompute"
         params, opt_state = self.params, self.opt_state
         step_metrics, learning_rates = [], []
         for epoch in range(self.config.ppo_epochs):
@@ -511,7 +517,7 @@ class Learner:
                 else:
                     params, opt_state, metrics = _train_step(
                         self._graphdef, params, self._other_state, opt_state, step.batch, step.model_rows,
-                        step.token_weights, step.ref_logprobs, np.bool_(epoch == 0 and index == 0),
+                        step.token_weights, step.ref_logprobs, np.bool_(epoch == 0 and index == 0 and first_on_policy),
                         np.int32(self.optimizer_step), config=self.config,
                     )
                 nnx.update(self.model, params)

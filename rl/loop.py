@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pickle
+import threading
 import time
 from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 
@@ -42,6 +43,7 @@ from rl import trajectories
 from rl.checkpoint import Checkpointer
 from rl.learner import Learner
 from rl.metrics import MetricsWriter
+from rl.pipeline import Pipeline, Round, round_seed
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +132,12 @@ class LoopConfig:
     question's label (numbered in sorted order), any other the rollout's label of that name (-1 without one).
     `headline_metrics` are the per-rollout metrics the one-line progress report shows, when the environment reports
     them.
+
+    `max_staleness` K: 0 runs sample -> execute -> score -> learn -> sync strictly in turn. K >= 1 runs the
+    asynchronous pipeline (`rl.pipeline`): the next batches are sampled, executed and scored while the learner updates;
+    a batch takes groups in the order their workflows finish; a group sampled more than K policy versions before the
+    weights it would train is dropped, not trained (`async/rows_dropped`); the learner must take the sampler as the
+    behaviour policy (`TrainingLoop`). It needs one round per episode (`recursion_rounds` 0) and no backfill.
     """
 
     iterations: int
@@ -146,6 +154,7 @@ class LoopConfig:
     seed: int = 0
     length_buckets: tuple[int, ...] = trajectories.DEFAULT_LENGTH_BUCKETS
     headline_metrics: tuple[str, ...] = ()
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
         if self.iterations < 1:
@@ -162,6 +171,13 @@ class LoopConfig:
         advantage_estimators.check_options(self.estimator, self.estimator_options)
         if self.checkpoint_every < 0:
             raise ValueError(f"LoopConfig.checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}")
+        if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+            raise ValueError(f"LoopConfig.max_staleness must be an int >= 0, got {self.max_staleness!r}")
+        if self.max_staleness and (self.recursion_rounds or self.dynamic_sampling == "backfill"):
+            raise ValueError(
+                "max_staleness >= 1 (the asynchronous pipeline) samples one round per episode and fills each batch "
+                "with the groups that finish first: it takes neither recursion_rounds nor dynamic_sampling='backfill'"
+            )
         if self.recursion_rounds < 0:
             raise ValueError(f"LoopConfig.recursion_rounds must be >= 0, got {self.recursion_rounds}")
         if not all(isinstance(t, advantage_estimators.TransformConfig) for t in self.advantage_transforms):
@@ -246,6 +262,17 @@ class TrainingLoop:
         self.policy_version = 0
         self.rng_key = jax.random.key(config.seed)
         self._next_sample_id = 0
+        # Held while the generator samples or takes new weights: a sync waits for the `generate` call in flight.
+        self._generator_lock = threading.Lock()
+        self._generator_version = 0
+        self._stream_lock = threading.Lock()  # data_position and _next_sample_id, which the pipeline advances
+        behaviour = learner.config
+        if (config.max_staleness and behaviour.old_logprobs == "recompute"
+                and behaviour.loss.mismatch_correction == "none"):
+            raise ValueError(
+                "max_staleness >= 1 trains rows sampled under earlier weights, so the sampler must be the behaviour "
+                "policy: old_logprobs='sampler', or a mismatch_correction (e.g. 'tis-token') with 'recompute'"
+            )
         if config.questions_per_iteration % jax.process_count():
             raise ValueError(
                 f"questions_per_iteration {config.questions_per_iteration} does not split over {jax.process_count()} "
@@ -265,12 +292,13 @@ class TrainingLoop:
     # -- state --------------------------------------------------------------------------------------------------
 
     def loop_state(self) -> dict[str, int]:
-        return {
-            "iteration": self.iteration,
-            "data_position": self.data_position,
-            "policy_version": self.policy_version,
-            "next_sample_id": self._next_sample_id,
-        }
+        with self._stream_lock:
+            return {
+                "iteration": self.iteration,
+                "data_position": self.data_position,
+                "policy_version": self.policy_version,
+                "next_sample_id": self._next_sample_id,
+            }
 
     def restore(self) -> bool:
         """Loads the latest checkpoint, if there is one, and pushes its weights to the generators."""
@@ -284,10 +312,16 @@ class TrainingLoop:
         self._next_sample_id = int(state["next_sample_id"])
         if self.writer is not None:
             self.writer.discard_after(step)
-        self.weight_sync(self.learner.model, self.policy_version)
+        self._sync_weights()
         log.info("resumed from checkpoint %d (data position %d, policy version %d)", step,
                  self.data_position, self.policy_version)
         return True
+
+    def _sync_weights(self) -> None:
+        """Pushes the learner's weights to the generators as `policy_version`, between two samples."""
+        with self._generator_lock:
+            self.weight_sync(self.learner.model, self.policy_version)
+            self._generator_version = self.policy_version
 
     def save(self) -> None:
         if self.checkpointer is not None:
@@ -343,9 +377,11 @@ class TrainingLoop:
         self.data_position += config.questions_per_iteration
         return self._learn(rounds, times, started)
 
-    def _learn(self, rounds: list[_Sampled], times: dict[str, float], started: float) -> dict[str, float]:
+    def _learn(self, rounds: list[_Sampled], times: dict[str, float], started: float, *, sampled_by_current_weights: bool = True,
+               pipeline_scalars: Mapping[str, float] | None = None) -> dict[str, float]:
         """Trains on an iteration's rows (every process's, round by round), syncs the new weights, logs; returns the
-        scalars it logged. `started` is when the iteration began (`time.perf_counter()`)."""
+        scalars it logged. `started` is when the iteration began (`time.perf_counter()`). `sampled_by_current_weights`
+        goes to `Learner.update`; `pipeline_scalars` (`async/*`) join the logged scalars."""
         config = self.config
         rows = [(s, i) for s in rounds for i in range(len(s.completions))]
         completions = [s.completions[i] for s, i in rows]
@@ -408,11 +444,12 @@ class TrainingLoop:
             scalars.update({f"advantage/{name}": value for name, value in transform_metrics.items()})
             # Dropped groups leave the loss (rows without loss tokens count in no denominator); shapes stay put.
             batch = batch.replace(loss_mask=batch.loss_mask & keep[:, None])
-            scalars.update({f"learner/{k}": v for k, v in self.learner.update(batch).items()})
+            scalars.update({f"learner/{k}": v for k, v in self.learner.update(
+                batch, sampled_by_current_weights=sampled_by_current_weights).items()})
             sync_started = time.perf_counter()
             times["learn"] = sync_started - learn_started
             self.policy_version += 1
-            self.weight_sync(self.learner.model, self.policy_version)
+            self._sync_weights()
             times["sync"] = time.perf_counter() - sync_started
         else:
             log.warning("iteration %d: every group had zero reward variance; no update", self.iteration + 1)
@@ -423,6 +460,7 @@ class TrainingLoop:
         scalars.update(
             self._rollout_scalars(rounds, episode_rewards, advantages, trained, dropped_groups, times)
         )
+        scalars.update(pipeline_scalars or {})
         self._log(rounds, rewards_array, advantages, scalars)
         return scalars
 
@@ -558,18 +596,103 @@ class TrainingLoop:
     def run(self) -> list[dict[str, float]]:
         """Resumes if a checkpoint exists, then runs the remaining iterations; returns each iteration's scalars."""
         if not self.restore():
-            self.weight_sync(self.learner.model, self.policy_version)
+            self._sync_weights()
         history = []
-        while self.iteration < self.config.iterations:
-            history.append(self.run_iteration())
-            every = self.config.checkpoint_every
-            if every and self.iteration % every == 0:
-                self.save()
+        pipeline = self._start_pipeline() if self.config.max_staleness else None
+        try:
+            while self.iteration < self.config.iterations:
+                history.append(self.run_iteration() if pipeline is None else self._pipelined_iteration(pipeline))
+                every = self.config.checkpoint_every
+                if every and self.iteration % every == 0:
+                    self.save()
+        finally:
+            if pipeline is not None:
+                pipeline.close()
         if self.checkpointer is not None and self.checkpointer.latest_step() != self.iteration:
             self.save()
         if self.writer is not None:
             self.writer.flush()
         return history
+
+    # -- the asynchronous pipeline (max_staleness >= 1) -------------------------------------------------------------
+
+    def _start_pipeline(self) -> Pipeline:
+        """Starts sampling at the current data position. A resumed run starts at the checkpoint's data position,
+        past the questions sampled before it (groups in flight when it was saved are not trained)."""
+        config = self.config
+        share = config.questions_per_iteration // jax.process_count()
+        first_group = jax.process_index() * share
+        first_row = first_group * config.group_size
+        labels = self._question_labels if config.stratify_questions else None
+
+        def next_round() -> Round:  # on the producer thread
+            with self._stream_lock:
+                position, first_id = self.data_position, self._next_sample_id
+                self.data_position += config.questions_per_iteration
+                self._next_sample_id += config.questions_per_iteration * config.group_size
+            questions = question_order(self.environment.num_questions, config.seed, position,
+                                       config.questions_per_iteration, labels)
+            return Round(
+                questions=questions[first_group : first_group + share],
+                sample_ids=[first_id + first_row + i for i in range(share * config.group_size)],
+                seed=round_seed(config.seed, position) + first_row,
+            )
+
+        self._pipeline_started = time.perf_counter()
+        self._learner_idle = 0.0
+        return Pipeline(
+            environment=self.environment, sampler=self.sampler, sampling_params=self.sampling_params,
+            group_size=config.group_size, groups_per_round=share, max_staleness=config.max_staleness,
+            next_round=next_round, version=lambda: self._generator_version, generator_lock=self._generator_lock,
+        ).start()
+
+    def _pipelined_iteration(self, pipeline: Pipeline) -> dict[str, float]:
+        """One iteration of the pipeline: this process's share of the batch from the groups in the order they become
+        ready (a group sampled more than `max_staleness` versions ago is dropped), gathered from every process,
+        trained; returns the scalars it logged."""
+        config = self.config
+        started = time.perf_counter()
+        generated_before = pipeline.generate_seconds
+        share = config.questions_per_iteration // jax.process_count()
+        groups, dropped = [], 0
+        while len(groups) < share:
+            group = pipeline.next_group()
+            if self.policy_version - group.policy_version > config.max_staleness:
+                dropped += 1
+                pipeline.release(1)
+            else:
+                groups.append(group)
+        first_group = jax.process_index() * share
+        first_row = first_group * config.group_size
+        sampled = _Sampled(
+            questions=[g.question for g in groups for _ in g.completions],
+            group_ids=[first_group + i for i, g in enumerate(groups) for _ in g.completions],
+            completions=[c for g in groups for c in g.completions],
+            rollouts=[dataclasses.replace(r, record={**r.record, "policy_version": g.policy_version})
+                      for g in groups for r in g.rollouts],
+            episodes=[first_row + i for i in range(share * config.group_size)],
+        )
+        staleness = [self.policy_version - g.policy_version for g in groups]
+        every = _from_every_process((staleness, dropped, [g.score_seconds for g in groups]))
+        rounds = _gathered([sampled])
+        waited = time.perf_counter() - started
+        self._learner_idle += waited
+        elapsed = time.perf_counter() - self._pipeline_started
+        staleness = [s for process in every for s in process[0]]
+        scalars = {f"async/staleness_{k}": float(config.group_size * staleness.count(k))
+                   for k in range(config.max_staleness + 1)}
+        scalars["async/rows_dropped"] = float(config.group_size * sum(process[1] for process in every))
+        scalars["async/learner_idle_share"] = self._learner_idle / elapsed
+        scalars["async/generator_idle_share"] = 1.0 - pipeline.generate_seconds / elapsed
+        times = {
+            "generate": pipeline.generate_seconds - generated_before,
+            "score": float(np.mean([s for process in every for s in process[2]])),
+            "wait": waited,
+        }
+        result = self._learn(rounds, times, started, sampled_by_current_weights=not any(staleness),
+                             pipeline_scalars=scalars)
+        pipeline.release(len(groups))
+        return result
 
 
 def _from_every_process(value: Any) -> list[Any]:

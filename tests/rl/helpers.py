@@ -82,8 +82,8 @@ class RecordingLearner(Learner):
         super().__init__(*args, **kwargs)
         self.batches, self.metrics = [], []
 
-    def update(self, batch):
-        metrics = super().update(batch)
+    def update(self, batch, **options):
+        metrics = super().update(batch, **options)
         self.batches.append(batch)
         self.metrics.append(metrics)
         return metrics

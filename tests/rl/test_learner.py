@@ -252,6 +252,13 @@ def test_sampler_old_logprobs_skip_the_recompute_and_make_the_sampler_the_behavi
     moved = max(float(np.abs(a - b).max()) for a, b in zip(_params_of(recomputed), _params_of(from_sampler)))
     assert moved > 1e-4
 
+    # Rows sampled under earlier weights (the pipeline, `LoopConfig.max_staleness`): the sampler is then the
+    # behaviour policy of the first step too; a recomputing learner's update does not change.
+    stale = Learner(_model(), dataclasses.replace(config, old_logprobs="sampler"))
+    assert stale.update(disagreeing, sampled_by_current_weights=False)["ratio"] == pytest.approx(np.exp(-0.3), abs=0.05)
+    recomputed_stale = Learner(_model(), config).update(disagreeing, sampled_by_current_weights=False)
+    assert recomputed_stale["ratio"] == recomputed_metrics["ratio"]
+
 
 def _batch_with_silent_groups(rewards_per_group, group_size: int = 4):
     """A grouped batch whose rewards are given per group: a group whose rewards all agree has zero advantages."""
