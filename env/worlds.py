@@ -136,6 +136,7 @@ class SyntheticWorldConfig:
     seed: int = 0
     skills: tuple[tuple[float, ...], ...] | None = None  # [worker][domain], domains in SYNTHETIC_DOMAINS order
     latency_s: float = 0.0
+    latency_sigma: float = 0.0  # > 0: each call's latency is lognormal with median latency_s (`SimulatedWorker`)
     completion_tokens: int = 200
     prices: tuple[Price, ...] | None = None
     answer_model: AnswerModel = AnswerModel()
@@ -300,6 +301,7 @@ def _synthetic(config: SyntheticWorldConfig, reward_config: RewardConfig, max_st
             f"synthetic-{w}",
             dict(zip(SYNTHETIC_DOMAINS, matrix[w])),
             latency_s=config.latency_s,
+            latency_sigma=config.latency_sigma,
             completion_tokens=config.completion_tokens,
             price=prices[w],
             answer_model=config.answer_model,

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import math
 import random
+import statistics
 from typing import TYPE_CHECKING, Literal, Mapping, Sequence
 
 from env import tasks as task_library
@@ -63,9 +64,12 @@ def call_draw(seed: int | None, *parts: str) -> tuple[float, int | None]:
 
 
 class SimulatedWorker:
-    """A worker with a skill per task domain (probability of a correct answer), a fixed latency and a price.
+    """A worker with a skill per task domain (probability of a correct answer), a latency and a price.
 
-    Prompt tokens are the messages' characters / 4; completion tokens are `completion_tokens` (a stand-in for
+    A call takes `latency_s` seconds, or with `latency_sigma` > 0 a lognormal draw with median `latency_s`:
+    latency_s * exp(latency_sigma * z), z standard normal, drawn like the answer (fixed by the call's seed and
+    content). API latencies have that shape, a heavy right tail: with sigma 1, one call in ten takes 3.6 times the
+    median and one in a hundred 10 times. Prompt tokens are the messages' characters / 4; completion tokens are `completion_tokens` (a stand-in for
     the reasoning a real worker writes). The temperature changes nothing; with a seed, the answer is a function
     of (seed, worker, task, messages).
     """
@@ -79,6 +83,7 @@ class SimulatedWorker:
         *,
         default_skill: float | None = None,
         latency_s: float = 0.0,
+        latency_sigma: float = 0.0,
         completion_tokens: int = 200,
         price: Price = FREE,
         answer_model: AnswerModel = AnswerModel(),
@@ -88,6 +93,8 @@ class SimulatedWorker:
                 raise ValueError(f"{name}: skill for {domain!r} must be in [0, 1], got {skill}")
         if latency_s < 0:
             raise ValueError(f"{name}: latency_s must be >= 0, got {latency_s}")
+        if latency_sigma < 0:
+            raise ValueError(f"{name}: latency_sigma must be >= 0, got {latency_sigma}")
         if completion_tokens < 0:
             raise ValueError(f"{name}: completion_tokens must be >= 0, got {completion_tokens}")
         self.name = name
@@ -95,6 +102,7 @@ class SimulatedWorker:
         self.skills = dict(skills)
         self.default_skill = default_skill
         self.latency_s = latency_s
+        self.latency_sigma = latency_sigma
         self.completion_tokens = completion_tokens
         self.price = price
         self.answer_model = answer_model
@@ -132,9 +140,13 @@ class SimulatedWorker:
     ) -> WorkerReply:
         if task is None:
             raise WorkerError(f"{self.name}: a world-model worker needs the task to answer")
-        if self.latency_s:
-            await asyncio.sleep(self.latency_s)
         content = "\n".join(message["content"] for message in messages)
+        latency_s = self.latency_s
+        if latency_s and self.latency_sigma:
+            draw, _ = call_draw(seed, "latency", self.name, task.id, content)
+            latency_s *= math.exp(self.latency_sigma * statistics.NormalDist().inv_cdf(max(draw, 1e-12)))
+        if latency_s:
+            await asyncio.sleep(latency_s)
         draw, wrong_seed = call_draw(seed, self.name, task.id, content)
         if draw < self.p_right(messages, task):
             text = task_library.reference_response(task)
@@ -147,5 +159,5 @@ class SimulatedWorker:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cost_usd=self.price.cost(prompt_tokens, completion_tokens),
-            latency_s=self.latency_s,
+            latency_s=latency_s,
         )

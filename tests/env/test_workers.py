@@ -307,6 +307,26 @@ def test_simulated_worker_adopts_a_correct_earlier_response_only_under_the_adopt
     assert rate(independent, reading) == pytest.approx(0.2, abs=0.04)
 
 
+def test_simulated_latencies_are_lognormal_around_the_median_and_fixed_by_the_call():
+    from env.tasks import load
+
+    task = load("synthetic", limit=1, seed=0)[0]
+    worker = SimulatedWorker("api-like", {task.domain: 1.0}, latency_s=0.002, latency_sigma=1.0)
+    start = time.perf_counter()
+    latencies = [r.latency_s for r in simulated_calls(worker, task, range(2000))]
+    assert time.perf_counter() - start < max(latencies) + 1.0  # concurrent calls: the slowest, not the sum
+    logs = [math.log(latency / 0.002) for latency in latencies]
+    assert statistics.median(logs) == pytest.approx(0.0, abs=0.1)
+    assert statistics.pstdev(logs) == pytest.approx(1.0, abs=0.05)
+    beyond_p90 = sum(latency > 0.002 * math.exp(1.2816) for latency in latencies) / len(latencies)
+    assert beyond_p90 == pytest.approx(0.1, abs=0.02)
+    assert [r.latency_s for r in simulated_calls(worker, task, range(5))] == latencies[:5]
+    assert {r.latency_s for r in simulated_calls(SimulatedWorker("fixed", {task.domain: 1.0}, latency_s=0.001),
+                                                 task, range(5))} == {0.001}
+    with pytest.raises(ValueError, match="latency_sigma"):
+        SimulatedWorker("x", {task.domain: 1.0}, latency_sigma=-1.0)
+
+
 def test_simulated_worker_waits_its_latency_and_needs_a_skill_for_the_domain():
     from env.tasks import load
 
