@@ -2,16 +2,16 @@
 
 Each suite lives in `launch/benchmark_suites/<NAME>.py` and exposes `run() -> Report`; this entry point prints the
 table and, as its last line, one JSON object of the figures. Speed goals are checked here, never in pytest.
-Started on several hosts as one job (`launch/distributed.py`), the learner suite runs over all their devices and
+Started on several hosts as one job (`conductor/distributed.py`), the learner suite runs over all their devices and
 process 0 prints the report.
 """
 
 from __future__ import annotations
 
-from launch.host_memory import retain_freed_memory
+from conductor.host_memory import retain_freed_memory
 
 # First, before JAX and torch start their threads; run as a program, restart with glibc tunables
-# (launch/host_memory.py).
+# (conductor/host_memory.py).
 retain_freed_memory(restart=__name__ == "__main__")
 
 import importlib
@@ -19,8 +19,10 @@ import inspect
 
 from absl import app, flags
 
-from launch import console, distributed
+from conductor import console, distributed
 from launch.benchmark_suites.common import emit
+from launch.flag_groups import console as console_flags
+from launch.flag_groups import distributed as distributed_flags
 
 SUITES = ("forward", "learner", "rollout", "sync", "env", "e2e", "gpu")
 
@@ -32,8 +34,8 @@ _PROFILE_DIR = flags.DEFINE_string(
 
 def main(argv: list[str]) -> None:
     del argv
-    console.configure()
-    distributed.initialize()
+    console.configure(console_flags.LIBRARY_LOGS.value)
+    distributed.initialize(distributed_flags.from_flags())
     module = importlib.import_module(f"launch.benchmark_suites.{_SUITE.value}")
     profiles = "profile_dir" in inspect.signature(module.run).parameters
     if _PROFILE_DIR.value and not profiles:

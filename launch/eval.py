@@ -6,16 +6,16 @@
 
 Every method runs through the same env: the Conductor's completions and the baselines' fixed workflows are parsed,
 executed over the world's pool (through `--cache` when given, so a rerun makes no provider calls), graded and
-summarized (`launch.outcomes`, `launch.baselines`, `launch.report`). Writes results.json, results.md and
+summarized (`conductor.outcomes`, `conductor.baselines`, `conductor.report`). Writes results.json, results.md and
 accuracy_tokens.png to `--logdir` and prints the markdown.
 """
 
 from __future__ import annotations
 
-from launch.host_memory import retain_freed_memory
+from conductor.host_memory import retain_freed_memory
 
 # First, before JAX and torch start their threads; run as a program, restart with glibc tunables
-# (launch/host_memory.py).
+# (conductor/host_memory.py).
 retain_freed_memory(restart=__name__ == "__main__")
 
 import dataclasses
@@ -24,20 +24,21 @@ from typing import Any
 
 from absl import app, flags
 
-from launch import console
-from launch.baselines import BASELINES, orchestration_figures, run_baselines
-from launch.conductor import load_conductor
-from launch.conductor_env import build_env
+from conductor import console
+from conductor.baselines import BASELINES, orchestration_figures, run_baselines
+from conductor.conductor_env import build_env
+from conductor.generators import build_generator, share_gpu_with_torch_generator
+from conductor.loop_environment import TokenizedConductorEnv
+from conductor.model import load_conductor
+from conductor.outcomes import conductor_outcomes
+from conductor.report import summarize, write_report
 from launch.flag_groups import baselines as baseline_flags
 from launch.flag_groups import conductor as conductor_flags
+from launch.flag_groups import console as console_flags
 from launch.flag_groups import environment as environment_flags
 from launch.flag_groups import generator as generator_flags
 from launch.flag_groups import output as output_flags
 from launch.flag_groups import sampling as sampling_flags
-from launch.generators import build_generator, share_gpu_with_torch_generator
-from launch.loop_environment import TokenizedConductorEnv
-from launch.outcomes import conductor_outcomes
-from launch.report import summarize, write_report
 
 _METHODS = flags.DEFINE_list(
     "methods", ["conductor", *BASELINES],
@@ -69,7 +70,7 @@ def orchestration_table(figures: dict[str, dict[str, Any]]) -> str:
 
 def main(argv: list[str]) -> None:
     del argv
-    console.configure()
+    console.configure(console_flags.LIBRARY_LOGS.value)
     unknown = sorted(set(_METHODS.value) - {"conductor", *BASELINES})
     if unknown:
         raise app.UsageError(f"unknown --methods {unknown}; choose from conductor, {', '.join(BASELINES)}")

@@ -32,10 +32,10 @@ gets 413 and any other malformed one 400. Every response carries `x-request-id`,
 
 from __future__ import annotations
 
-from launch.host_memory import retain_freed_memory
+from conductor.host_memory import retain_freed_memory
 
 # First, before JAX and torch start their threads; run as a program, restart with glibc tunables
-# (launch/host_memory.py).
+# (conductor/host_memory.py).
 retain_freed_memory(restart=__name__ == "__main__")
 
 import asyncio
@@ -56,21 +56,21 @@ from typing import Any, Mapping, Sequence
 from absl import app, flags
 from aiohttp import web
 
+from conductor.conductor_env import build_env
+from conductor.generators import build_generator, share_gpu_with_torch_generator
+from conductor.model import load_conductor
 from env import prompts
 from env.executor import Execution, ExecutorConfig, aclose_workers, execute_async
 from env.tasks.base import Task
 from env.workers.base import Worker
 from env.workers.cache import ResponseCache
 from env.workflow import AccessMode, Step, Workflow, WorkflowFormatError, check_settings, parse_workflow
-from launch.conductor import load_conductor
-from launch.conductor_env import build_env
 from launch.flag_groups import conductor as conductor_flags
-from launch.flag_groups import field_values
 from launch.flag_groups import environment as environment_flags
+from launch.flag_groups import field_values
 from launch.flag_groups import generator as generator_flags
 from launch.flag_groups import output as output_flags
 from launch.flag_groups import sampling as sampling_flags
-from launch.generators import build_generator, share_gpu_with_torch_generator
 from models.tokenizer import render_chat
 from rollout.types import SamplingParams
 

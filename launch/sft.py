@@ -1,7 +1,7 @@
 """Supervised format warm-start of the Conductor: `python -m launch.sft [--flags]`.
 
-Fits the Conductor to a teacher's workflows (`--warm_start_teacher`: `launch.teachers`) for `--warm_start_steps` steps
-(`launch.warm_start`). Before and after, it samples the Conductor on a few questions and reports the fraction of
+Fits the Conductor to a teacher's workflows (`--warm_start_teacher`: `conductor.teachers`) for `--warm_start_steps` steps
+(`conductor.warm_start`). Before and after, it samples the Conductor on a few questions and reports the fraction of
 completions that parse as workflows. The result is an HF directory (`--logdir`) that `--conductor` accepts.
 `launch.train --warm_start_steps=N` runs the same warm-start in-process.
 
@@ -10,17 +10,17 @@ predicts the question's domain from the hidden state where the first worker id i
 student still routes uniformly, but its decision state carries the domain, so RL can learn per-domain routing from
 there.
 
-Launched on several hosts as one job (`launch/distributed.py`), every process fits the same examples on one device
+Launched on several hosts as one job (`conductor/distributed.py`), every process fits the same examples on one device
 of its own (the supervised trainer has no mesh; a warm-start is small), the processes take process 0's result, and
 process 0 writes it.
 """
 
 from __future__ import annotations
 
-from launch.host_memory import retain_freed_memory
+from conductor.host_memory import retain_freed_memory
 
 # First, before JAX and torch start their threads; run as a program, restart with glibc tunables
-# (launch/host_memory.py).
+# (conductor/host_memory.py).
 retain_freed_memory(restart=__name__ == "__main__")
 
 import json
@@ -28,20 +28,22 @@ import logging
 
 from absl import app, flags
 
-from launch import console, distributed
-from launch.conductor import load_conductor, save_trained_sampling
-from launch.conductor_env import build_env
+from conductor import console, distributed
+from conductor.conductor_env import build_env
+from conductor.generators import build_generator, share_gpu_with_torch_generator
+from conductor.loop_environment import TokenizedConductorEnv
+from conductor.model import load_conductor, save_trained_sampling
+from conductor.teachers import domain_labels
+from conductor.warm_start import format_validity, warm_start
 from launch.flag_groups import conductor as conductor_flags
+from launch.flag_groups import console as console_flags
+from launch.flag_groups import distributed as distributed_flags
 from launch.flag_groups import environment as environment_flags
 from launch.flag_groups import generator as generator_flags
 from launch.flag_groups import output as output_flags
 from launch.flag_groups import sampling as sampling_flags
 from launch.flag_groups import supervised as supervised_flags
 from launch.flag_groups import teacher as teacher_flags
-from launch.generators import build_generator, share_gpu_with_torch_generator
-from launch.loop_environment import TokenizedConductorEnv
-from launch.teachers import domain_labels
-from launch.warm_start import format_validity, warm_start
 from models import hf_io
 
 _VALIDITY_SAMPLES = flags.DEFINE_integer(
@@ -53,8 +55,9 @@ log = logging.getLogger(__name__)
 
 def main(argv: list[str]) -> None:
     del argv
-    console.configure()
-    distributed.initialize()
+    console.configure(console_flags.LIBRARY_LOGS.value)
+    processes = distributed_flags.from_flags()
+    distributed.initialize(processes)
     out = output_flags.logdir("runs/sft/conductor")  # the warm-started Conductor, an HF dir
     steps = supervised_flags.steps(default=100)
     generation = generator_flags.from_flags()

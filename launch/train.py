@@ -7,7 +7,7 @@ generator and its weight sync (`--generator`, `--sync`), the learner (estimator,
 `<logdir>/conductor_final` (what `launch.eval` and `launch.serve` take as `--conductor`). Rerunning the same
 command resumes from the last checkpoint.
 
-Several hosts run it as one job (`launch/distributed.py`: `--coordinator_address`, `--num_processes`,
+Several hosts run it as one job (`conductor/distributed.py`: `--coordinator_address`, `--num_processes`,
 `--process_id`, or a TPU pod, SLURM or Open MPI): one process per host, the learner's mesh over every host's devices,
 each process sampling its share of every iteration's questions (`rl.loop`). Process 0 writes the logs, the final
 Conductor and the summary; every process writes its part of each checkpoint, into the one `--checkpoint_dir`.
@@ -15,10 +15,10 @@ Conductor and the summary; every process writes its part of each checkpoint, int
 
 from __future__ import annotations
 
-from launch.host_memory import retain_freed_memory
+from conductor.host_memory import retain_freed_memory
 
 # First, before JAX and torch start their threads; run as a program, restart with glibc tunables
-# (launch/host_memory.py).
+# (conductor/host_memory.py).
 retain_freed_memory(restart=__name__ == "__main__")
 
 import dataclasses
@@ -29,12 +29,21 @@ from typing import Any
 
 from absl import app, flags
 
+from conductor import console, distributed
+from conductor.baselines import orchestration_figures
+from conductor.conductor_env import build_env
+from conductor.format_check import greedy_valid_format, held_out_questions
+from conductor.generators import build_generator, share_gpu_with_torch_generator
+from conductor.loop_environment import TokenizedConductorEnv
+from conductor.model import load_conductor, save_trained_sampling
+from conductor.outcomes import conductor_outcomes
+from conductor.report import summarize
+from conductor.teachers import domain_labels
+from conductor.warm_start import warm_start
 from env import frontier
-from launch import console, distributed
-from launch.baselines import orchestration_figures
-from launch.conductor import load_conductor, save_trained_sampling
-from launch.conductor_env import build_env
 from launch.flag_groups import conductor as conductor_flags
+from launch.flag_groups import console as console_flags
+from launch.flag_groups import distributed as distributed_flags
 from launch.flag_groups import environment as environment_flags
 from launch.flag_groups import generator as generator_flags
 from launch.flag_groups import learner as learner_flags
@@ -43,13 +52,6 @@ from launch.flag_groups import output as output_flags
 from launch.flag_groups import sampling as sampling_flags
 from launch.flag_groups import supervised as supervised_flags
 from launch.flag_groups import teacher as teacher_flags
-from launch.format_check import greedy_valid_format, held_out_questions
-from launch.generators import build_generator, share_gpu_with_torch_generator
-from launch.loop_environment import TokenizedConductorEnv
-from launch.outcomes import conductor_outcomes
-from launch.report import summarize
-from launch.teachers import domain_labels
-from launch.warm_start import warm_start
 from models import hf_io
 from rl.checkpoint import Checkpointer
 from rl.learner import Learner
@@ -100,8 +102,9 @@ def greedy_eval(generator: Generator, tokenizer: Any, sampling: SamplingParams) 
 
 def main(argv: list[str]) -> None:
     del argv
-    console.configure()
-    distributed.initialize()
+    console.configure(console_flags.LIBRARY_LOGS.value)
+    processes = distributed_flags.from_flags()
+    distributed.initialize(processes)
     log_dir = output_flags.logdir("runs/train")
     warm_start_steps = supervised_flags.steps(default=0)
     checkpoint_dir = pathlib.Path(_CHECKPOINT_DIR.value or log_dir / "checkpoints")
@@ -152,13 +155,15 @@ def main(argv: list[str]) -> None:
                 log.info("warm-start greedy average %.4f", warm_start_eval["average_accuracy"])
         elif distributed.is_main_process() and not warm_start_eval_path.exists():
             log.warning("--eval_warm_start: this run resumed from a checkpoint, and its warm-start was never evaluated")
-        distributed.wait_for_every_process("launch.train: warm-start evaluation")  # while process 0 evaluates
+        # while process 0 evaluates
+        distributed.wait_for_every_process("launch.train: warm-start evaluation", processes.shutdown_timeout_s)
     history = loop.run()
     final_model = distributed.host_copy(learner.model)
     checkpointer.close()
     if not distributed.is_main_process():
         generator.close()
-        distributed.wait_for_every_process("launch.train: end of run")  # while process 0 evaluates and writes
+        # while process 0 evaluates and writes
+        distributed.wait_for_every_process("launch.train: end of run", processes.shutdown_timeout_s)
         return
     final_dir = hf_io.save(final_model, log_dir / "conductor_final")
     tokenizer.save_pretrained(final_dir)
@@ -186,7 +191,7 @@ def main(argv: list[str]) -> None:
     writer.close()
     generator.close()
     print(json.dumps(summary, sort_keys=True))
-    distributed.wait_for_every_process("launch.train: end of run")
+    distributed.wait_for_every_process("launch.train: end of run", processes.shutdown_timeout_s)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
 position, RNG key and policy version, and the metrics it had logged past that checkpoint are dropped (so nothing is
 duplicated when those iterations run again).
 
-Several processes (one per host, `jax.distributed`; `launch/distributed.py`) split the sampling by question group:
+Several processes (one per host, `jax.distributed`; `conductor/distributed.py`) split the sampling by question group:
 - every process computes the iteration's questions alike (`question_order`); with P processes, process p takes
   questions [p*Q/P, (p+1)*Q/P) of the Q (`questions_per_iteration`, which P must divide), and samples and scores their
   groups with its own generator and environment. A group, and every recursion round of its episodes, stays on one

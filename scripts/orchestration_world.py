@@ -19,11 +19,11 @@ import dataclasses
 import numpy as np
 from scipy import stats
 
+from conductor import bandit
 from env.orchestration import SPLITS, OrchestrationWorldConfig, context, gap_closed, load_tasks, pool_split
 from env.rewards import RewardConfig
 from env.workers.simulated import AnswerModel
 from env.worlds import build_world
-from launch import bandit
 
 # launch/configs/orchestration.cfg's reward, answer model and step limit
 REWARD = RewardConfig(format_error=-1.0, wrong=0.0, correct=1.0, step_penalty=0.08, usd_penalty=10.0)

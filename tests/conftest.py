@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from launch.host_memory import retain_freed_memory
+from conductor.host_memory import retain_freed_memory
 
 # Time limits with stacks (tests/fail_fast.py) and `--cpu-durations` (tests/cpu_durations.py).
 pytest_plugins = ["tests.fail_fast", "tests.cpu_durations"]

@@ -1,6 +1,7 @@
 """The packages import one another only downwards (docs/design.md section 1): `models` and `env` import none of ours,
-`rl` and `rollout` only `models`, `conductor` (the Conductor's terms and transforms over the general `rl`) those
-below it, and only `launch` imports `launch`.
+`rl` and `rollout` only `models`, `conductor` (the Conductor application: its terms and transforms over the general
+`rl`, and the libraries the entry points run) those below it, and only `launch` imports `launch`. `launch` holds
+entry points only, besides its flag groups, benchmark suites and flagfiles, and only it defines absl flags.
 
 Every import of every module of the installed packages is read from its syntax tree: `import x`, `from x import y`,
 relative imports, imports inside functions or `if TYPE_CHECKING:`, and `importlib.import_module("x")` with a literal
@@ -142,3 +143,58 @@ def test_every_kind_of_import_across_the_layering_is_found(tmp_path):
 def test_relative_imports_resolve_against_their_package(package, source, expected):
     [(line, imported)] = _imported_modules(ast.parse(source), package)
     assert line == 1 and imported.startswith(expected)
+
+
+# What launch/ holds besides its entry points (each a module run as `python -m launch.NAME`).
+LAUNCH_FOLDERS = ("benchmark_suites", "configs", "flag_groups")
+
+
+def _defines_flags(tree: ast.AST) -> list[int]:
+    """Lines of `flags.DEFINE_*(...)` calls (absl's, under any name it is imported as) in `tree`."""
+    return [
+        node.lineno for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.startswith("DEFINE")
+    ]
+
+
+def launch_layout_violations(root: Path) -> list[str]:
+    """What in `root`'s launch/ is neither an entry point nor one of LAUNCH_FOLDERS, and every absl flag defined in
+    another package."""
+    violations = []
+    for path in sorted((root / "launch").iterdir()):
+        if path.name in ("__init__.py", "__pycache__") or path.name in LAUNCH_FOLDERS:
+            continue
+        if path.suffix != ".py":
+            violations.append(f"launch/{path.name}: not an entry point, a flag group, a suite or a flagfile")
+        elif 'if __name__ == "__main__":' not in path.read_text(encoding="utf-8"):
+            violations.append(f"launch/{path.name}: a library module, not an entry point (its place: conductor/)")
+    for package in OURS:
+        if package == "launch":
+            continue
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            violations += [f"{path.relative_to(root)}:{line}: defines an absl flag" for line in _defines_flags(tree)]
+    return violations
+
+
+def test_launch_holds_entry_points_and_only_launch_defines_flags():
+    violations = launch_layout_violations(ROOT)
+    assert not violations, "against docs/design.md section 1:\n" + "\n".join(violations)
+
+
+def test_a_library_module_in_launch_and_a_flag_outside_it_are_found(tmp_path):
+    _write(tmp_path, {
+        "launch/__init__.py": "",
+        "launch/train.py": "from absl import app, flags\n_X = flags.DEFINE_integer('x', 1, '')\n"
+                           "if __name__ == \"__main__\":\n    app.run(print)\n",
+        "launch/flag_groups/loop.py": "from absl import flags\nflags.DEFINE_string('y', None, '')\n",
+        "launch/generators.py": "def build_generator():\n    return None\n",
+        "launch/notes.txt": "",
+        "conductor/console.py": "from absl import flags as f\n\n\nLOGS = f.DEFINE_boolean('logs', False, '')\n",
+        "rl/loop.py": "import absl.flags\nabsl.flags.FLAGS.mark_as_parsed()\n",
+    })
+    assert launch_layout_violations(tmp_path) == [
+        "launch/generators.py: a library module, not an entry point (its place: conductor/)",
+        "launch/notes.txt: not an entry point, a flag group, a suite or a flagfile",
+        "conductor/console.py:4: defines an absl flag",
+    ]

@@ -9,7 +9,7 @@ import platform
 import time
 from typing import Any, Callable, Sequence
 
-from launch import host_memory
+from conductor import host_memory
 
 
 @dataclasses.dataclass
@@ -58,7 +58,7 @@ def machine() -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
-        # What the entry points (and the e2e suite's training subprocess) do with freed memory: launch/host_memory.py.
+        # What the entry points (and the e2e suite's training subprocess) do with freed memory: conductor/host_memory.py.
         "host_memory_retained": host_memory.requested(),
     }
     try:

@@ -24,7 +24,7 @@ prints one line naming what it found (`jax.devices()`, `torch.cuda.is_available(
 JAX allocates GPU memory on demand here (unless one of JAX's allocator variables is set), as `launch.train` does with
 the torch generator on the GPU: its default, reserving 75% of the GPU when its backend starts, would leave the
 quickstart's process and the torch generators a quarter. The quickstart starts with `RETAIN_HOST_MEMORY=0` unless
-set: `launch.host_memory`'s malloc settings slow XLA:GPU's compiles several times over.
+set: `conductor.host_memory`'s malloc settings slow XLA:GPU's compiles several times over.
 
 **On an offline GPU host** such as this workplace's lent machines (no network; their image has JAX with a CUDA
 plugin, torch with CUDA, flax, optax, orbax and transformers, under `python3`, so nothing large is installed):
@@ -64,12 +64,12 @@ import transformers
 from absl import app
 from flax import nnx
 
-from launch import host_memory
+from conductor import host_memory
+from conductor.generators import JAX_ALLOCATOR_VARIABLES
 from launch.benchmark_suites import learner as learner_suite
 from launch.benchmark_suites import sync as sync_suite
 from launch.benchmark_suites.common import Report
 from launch.benchmark_suites.e2e import GOAL_LEARN_SYNC_SHARE, PHASES
-from launch.generators import JAX_ALLOCATOR_VARIABLES
 from models import zoo
 from models.config import ModelConfig
 from models.transformer import Transformer

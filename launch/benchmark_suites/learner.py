@@ -7,13 +7,13 @@ reported against the float32 matmul rate measured in the same run.
 
 The goal compares the same work: 8 different prompts. A second Flax engine runs the same update in micro-batches of 2
 (exact: the learner sums per-token losses over the global denominator), so each XLA call's temporary buffer is under
-2 GiB, against several GB for one micro-batch of 8. 2 GiB is what `launch.host_memory` keeps mapped between calls when
+2 GiB, against several GB for one micro-batch of 8. 2 GiB is what `conductor.host_memory` keeps mapped between calls when
 the process cannot restart with glibc tunables (when the user set a `GLIBC_TUNABLES` of their own). A third runs the
 update on the batch GRPO actually produces, 2 groups of 4 completions that share their group's prompt, which the
 learner encodes once per group (`LearnerConfig.share_prompts`); its tokens/s counts the full rows, since the update
 it computes is the same.
 
-In a multi-process run (`launch/distributed.py`: one process per host), the suite times the accelerator update
+In a multi-process run (`conductor/distributed.py`: one process per host), the suite times the accelerator update
 over a mesh of every process's devices, each device taking the single-device figure's rows (the global batch and
 micro-batch grow with the device count); process 0 prints the report.
 
@@ -45,7 +45,7 @@ from flax import nnx
 
 from jax.sharding import Mesh
 
-from launch import host_memory
+from conductor import host_memory
 from launch.benchmark_suites import profile
 from launch.benchmark_suites.common import Report, timed
 from models import hf_io, zoo
@@ -207,7 +207,7 @@ def _engine_process(connection, engine: str, model_dir, shape: dict) -> None:
 
 def time_engines(engines: Sequence[str], model_dir, shape: dict, repeats: int = REPEATS) -> dict[str, dict]:
     """Each engine in a process of its own, all started at once (spawned, with this process's malloc tunables:
-    `launch.host_memory`), then `repeats` rounds in which each times one update in turn, so that the engines see
+    `conductor.host_memory`), then `repeats` rounds in which each times one update in turn, so that the engines see
     the same background load on a shared machine and none shares its heap or caches with another. Returns per
     engine its timed seconds and what its first update took."""
     spawn = multiprocessing.get_context("spawn")
@@ -328,7 +328,7 @@ def cpu_comparison() -> Report:
     shape = dict(batch=BATCH, prompt=PROMPT, completion=COMPLETION, vocab=49152, groups=GROUPS)
     n_tokens = BATCH * (PROMPT + COMPLETION)
     # One round per Flax engine, each beside torch (a ratio is taken within its round), so that no more than two
-    # engines hold memory at once: an engine process keeps its peak heap (`launch.host_memory`).
+    # engines hold memory at once: an engine process keeps its peak heap (`conductor.host_memory`).
     rounds = {engine: time_engines((engine, "torch"), model_dir, shape)
               for engine in ("flax", "flax_micro_batches", "flax_shared_prompts")}  # fmt: skip
     flax_seconds, torch_seconds = rounds["flax"]["flax"]["seconds"], rounds["flax"]["torch"]["seconds"]

@@ -1,4 +1,4 @@
-"""The baselines' flags (`launch.baselines.BaselineConfig`)."""
+"""The baselines' flags (`conductor.baselines.BaselineConfig`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Sequence
 
 from absl import flags
 
-from launch.baselines import BaselineConfig
+from conductor.baselines import BaselineConfig
 from launch.flag_groups import field_values, sampling, shared
 
 _FIELDS = {
@@ -19,7 +19,7 @@ _FIELDS = {
     ),
     "bandit_budget": flags.DEFINE_integer(
         "bandit_budget", 1920,
-        "Pulls of the contextual UCB1 baseline (launch.bandit): a training run's feedback budget, iterations x "
+        "Pulls of the contextual UCB1 baseline (conductor.bandit): a training run's feedback budget, iterations x "
         "questions_per_iteration x group_size.",
     ),
     "worker": flags.DEFINE_integer(

@@ -6,7 +6,7 @@ from typing import get_args
 
 from absl import flags
 
-from launch.conductor import ConductorSpec, Dtype
+from conductor.model import ConductorSpec, Dtype
 from launch.flag_groups import field_values, shared
 
 _FIELDS = {

@@ -6,10 +6,10 @@ from typing import Sequence, get_args
 
 from absl import flags
 
+from conductor.conductor_env import EnvSpec
 from env.executor import ExecutorConfig
 from env.gym_env import EnvConfig
 from env.workflow import AccessMode
-from launch.conductor_env import EnvSpec
 from launch.flag_groups import field_values, reward, shared, world
 
 _FIELDS = {

@@ -6,8 +6,8 @@ from typing import get_args
 
 from absl import flags
 
+from conductor.generators import WEIGHT_DTYPE_CHOICES, Engine, GeneratorConfig, Sync
 from launch.flag_groups import field_choices, field_values
-from launch.generators import WEIGHT_DTYPE_CHOICES, Engine, GeneratorConfig, Sync
 from rollout.sglang_generator import SGLangConfig
 
 _FIELDS = {

@@ -6,7 +6,7 @@ from typing import get_args
 
 from absl import flags
 
-import conductor  # noqa: F401  (registers the Conductor's auxiliary loss terms)
+import conductor.losses  # noqa: F401  (registers the Conductor's auxiliary loss terms)
 from launch.flag_groups import field_choices, field_values, shared
 from rl.auxiliary import TermConfig
 from rl.learner import LearnerConfig, OldLogprobs, OptimizerConfig, optimizer_steps_per_update
@@ -124,7 +124,7 @@ def terms_from_flags(total_steps: int, route_token_ids: tuple[int, ...]) -> tupl
 
 def from_flags(loop: LoopConfig, sampling: SamplingParams, route_token_ids: tuple[int, ...] = ()) -> LearnerConfig:
     """The learner's config for `loop`'s batches, sampled with `sampling`; `route_token_ids` are the tokens that can
-    write a worker id (`launch.loop_environment.TokenizedConductorEnv.route_token_ids`), which --route_entropy_coef
+    write a worker id (`conductor.loop_environment.TokenizedConductorEnv.route_token_ids`), which --route_entropy_coef
     needs. With recursion rounds the row count varies, and so does the number of optimizer steps of an update; the
     learning-rate schedule and the route entropy bonus's decay count the optimizer steps of the largest batch
     (`loop.max_rows`), so neither runs out early (`OptimizerConfig`)."""

@@ -12,6 +12,7 @@ from typing import get_args
 from absl import flags
 
 import conductor
+import conductor.advantages  # noqa: F401  (registers the Conductor's advantage transforms)
 from launch.flag_groups import field_values, renamed, shared  # noqa: F401  (renamed: the old flag names fail)
 from rl.advantages import ESTIMATORS, StdScaling, TransformConfig, Whitening, options_for
 from rl.loop import LoopConfig

@@ -7,7 +7,7 @@ import pathlib
 
 from absl import flags
 
-from launch.conductor import trained_sampling
+from conductor.model import trained_sampling
 from launch.flag_groups import field_values, shared
 from rollout.types import SamplingParams
 

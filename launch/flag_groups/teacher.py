@@ -1,4 +1,4 @@
-"""The warm-start teacher's flags (`launch.teachers.TeacherConfig`)."""
+"""The warm-start teacher's flags (`conductor.teachers.TeacherConfig`)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import get_args
 
 from absl import flags
 
+from conductor.teachers import Reasoning, RouteWeighting, Teacher, TeacherConfig
 from env.policies import DEFAULT_TEMPLATES, TEMPLATES
 from launch.flag_groups import field_values, shared
-from launch.teachers import Reasoning, RouteWeighting, Teacher, TeacherConfig
 
 _FIELDS = {
     "teacher": flags.DEFINE_enum("warm_start_teacher", "templates", get_args(Teacher), "Where the targets come from."),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import conductor  # noqa: F401  (registers the transforms and terms)
+import conductor.losses  # noqa: F401  (registers the terms; conductor.advantages, below, the transforms)
 from conductor.advantages import ROUTE
 from models.config import ModelConfig
 from models.transformer import Transformer

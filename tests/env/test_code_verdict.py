@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conductor.loop_environment import rollout_metrics
 from env.gym_env import ConductorEnv
 from env.tasks import load, reference_response, sandbox, wrong_response
 from env.tasks.answers import extract_code
@@ -25,7 +26,6 @@ from env.tasks.code_verdict import outputs_equal, passes
 from env.tasks.sandbox import KERNEL_LAYERS, SandboxLimits
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import World
-from launch.loop_environment import rollout_metrics
 from tests.env import unprivileged
 from tests.env.helpers import ScriptedWorker
 

@@ -7,7 +7,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
-from launch.conductor import save_trained_sampling
+from conductor.model import save_trained_sampling
 from launch.flag_groups import sampling as sampling_flags
 from rollout.types import SamplingParams
 

@@ -1,5 +1,6 @@
-"""`launch.distributed`: when an entry point joins a multi-process run, what it hands `jax.distributed.initialize`,
-and the checks a run of several processes makes before it starts. (Two real processes: tests/launch/test_multihost.py.)
+"""`conductor.distributed`: when an entry point joins a multi-process run, what it hands `jax.distributed.initialize`,
+and the checks a run of several processes makes before it starts; the flags that set it
+(`launch.flag_groups.distributed`). (Two real processes: tests/launch/test_multihost.py.)
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import pytest
 from absl.testing import flagsaver
 from flax import nnx
 
-from launch import distributed
+from conductor import distributed
+from conductor.distributed import DistributedConfig
+from launch.flag_groups import distributed as distributed_flags
 from models import ModelConfig, Transformer
-from tests.tiny_models import tiny_config
 from rl.learner import Learner, LearnerConfig
 from rl.loop import LoopConfig, TrainingLoop
+from tests.tiny_models import tiny_config
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py
 
@@ -29,38 +32,62 @@ def no_cluster(monkeypatch):
     return monkeypatch
 
 
-def test_auto_joins_when_a_process_flag_is_given_or_a_cluster_runs_several_processes(no_cluster):
-    assert not distributed.requested()
-    for flag, value in (("coordinator_address", "10.0.0.1:8476"), ("num_processes", 2), ("process_id", 0)):
-        with flagsaver.flagsaver(**{flag: value}):
-            assert distributed.requested(), flag
+def test_auto_joins_when_a_process_setting_is_given_or_a_cluster_runs_several_processes(no_cluster):
+    assert not distributed.requested(DistributedConfig())
+    for field, value in (("coordinator_address", "10.0.0.1:8476"), ("num_processes", 2), ("process_id", 0)):
+        assert distributed.requested(DistributedConfig(**{field: value})), field
     no_cluster.setenv("SLURM_JOB_ID", "17")
     no_cluster.setenv("SLURM_NTASKS", "1")
-    assert not distributed.requested(), "a one-task SLURM job is one process"
+    assert not distributed.requested(DistributedConfig()), "a one-task SLURM job is one process"
     no_cluster.setenv("SLURM_NTASKS", "2")
-    assert distributed.requested()
+    assert distributed.requested(DistributedConfig())
     no_cluster.delenv("SLURM_JOB_ID")
     no_cluster.setenv("OMPI_MCA_orte_hnp_uri", "1531576320.0;tcp://10.96.0.1:34911")
     no_cluster.setenv("OMPI_COMM_WORLD_SIZE", "4")
-    assert distributed.requested()
+    assert distributed.requested(DistributedConfig())
 
 
 def test_on_and_off_override_what_auto_would_decide(no_cluster):
-    with flagsaver.flagsaver(distributed="on"):
-        assert distributed.requested()  # a TPU pod slice: JAX finds its workers itself
-    with flagsaver.flagsaver(distributed="off", coordinator_address="10.0.0.1:8476", num_processes=2, process_id=1):
-        assert not distributed.requested()
+    assert distributed.requested(DistributedConfig(mode="on"))  # a TPU pod slice: JAX finds its workers itself
+    off = DistributedConfig(mode="off", coordinator_address="10.0.0.1:8476", num_processes=2, process_id=1)
+    assert not distributed.requested(off)
 
 
-def test_initialize_hands_jax_the_flags_and_timeouts_and_nothing_when_not_asked(no_cluster):
-    calls = []
-    no_cluster.setattr(jax.distributed, "initialize", lambda **settings: calls.append(settings))
-    distributed.initialize()
-    assert calls == []
-    with flagsaver.flagsaver(coordinator_address="10.0.0.1:8476", num_processes=2, process_id=1,
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"mode": "sometimes"}, "mode must be one of"),
+        ({"num_processes": 0}, "num_processes must be at least 1"),
+        ({"process_id": -1}, "process_id must be at least 0"),
+        ({"num_processes": 2, "process_id": 2}, "process_id 2 is not below num_processes 2"),
+        ({"shutdown_timeout_s": 0}, "shutdown_timeout_s must be at least 1 second"),
+    ],
+)
+def test_a_config_that_cannot_describe_a_run_is_refused(settings, message):
+    with pytest.raises(ValueError, match=message):
+        DistributedConfig(**settings)
+
+
+def test_the_flags_set_the_config_field_by_field():
+    with flagsaver.flagsaver(distributed="on", coordinator_address="10.0.0.1:8476", num_processes=2, process_id=1,
                              distributed_heartbeat_timeout_s=40, distributed_init_timeout_s=90,
                              distributed_shutdown_timeout_s=600):
-        distributed.initialize()
+        config = distributed_flags.from_flags()
+    assert config == DistributedConfig(
+        mode="on", coordinator_address="10.0.0.1:8476", num_processes=2, process_id=1, heartbeat_timeout_s=40,
+        init_timeout_s=90, shutdown_timeout_s=600,
+    )
+
+
+def test_initialize_hands_jax_the_settings_and_timeouts_and_nothing_when_not_asked(no_cluster):
+    calls = []
+    no_cluster.setattr(jax.distributed, "initialize", lambda **settings: calls.append(settings))
+    distributed.initialize(DistributedConfig())
+    assert calls == []
+    distributed.initialize(DistributedConfig(
+        coordinator_address="10.0.0.1:8476", num_processes=2, process_id=1, heartbeat_timeout_s=40,
+        init_timeout_s=90, shutdown_timeout_s=600,
+    ))
     assert calls == [{
         "coordinator_address": "10.0.0.1:8476", "num_processes": 2, "process_id": 1, "initialization_timeout": 90,
         "heartbeat_timeout_seconds": 40, "shutdown_timeout_seconds": 600,

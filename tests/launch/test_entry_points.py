@@ -15,7 +15,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
-from launch import console
+from conductor import console
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # Each entry point with one flag it defines itself, which its help must list.
@@ -51,7 +51,7 @@ def test_every_entry_point_prints_its_flags_with_helpfull():
 
 @pytest.fixture
 def restore_logger_levels():
-    names = ("", "absl", "rl", "launch", "__main__", "math_verify")
+    names = ("", "absl", "conductor", "rl", "launch", "__main__", "math_verify")
     saved = {name: logging.getLogger(name).level for name in names}
     yield
     for name, level in saved.items():
@@ -59,18 +59,19 @@ def restore_logger_levels():
 
 
 def _effective_levels() -> dict[str, int]:
-    loggers = ("rl.loop", "launch.sft", "__main__", "orbax.checkpoint", "absl", "jax._src.xla_bridge",
-               "math_verify.grader")
+    loggers = ("rl.loop", "conductor.warm_start", "launch.sft", "__main__", "orbax.checkpoint", "absl",
+               "jax._src.xla_bridge", "math_verify.grader")
     return {name: logging.getLogger(name).getEffectiveLevel() for name in loggers}
 
 
 def test_by_default_our_progress_shows_and_library_info_does_not(restore_logger_levels):
     flags.FLAGS.mark_as_parsed()
-    with flagsaver.flagsaver(library_logs=False, verbosity=0):
-        console.configure()
+    with flagsaver.flagsaver(verbosity=0):
+        console.configure(library_logs=False)
         levels = _effective_levels()
     assert levels == {
-        "rl.loop": logging.INFO, "launch.sft": logging.INFO, "__main__": logging.INFO,
+        "rl.loop": logging.INFO, "conductor.warm_start": logging.INFO, "launch.sft": logging.INFO,
+        "__main__": logging.INFO,
         "orbax.checkpoint": logging.WARNING, "absl": logging.WARNING, "jax._src.xla_bridge": logging.WARNING,
         "math_verify.grader": logging.ERROR,
     }
@@ -79,8 +80,8 @@ def test_by_default_our_progress_shows_and_library_info_does_not(restore_logger_
 @pytest.mark.parametrize("switch", [{"library_logs": True, "verbosity": 0}, {"library_logs": False, "verbosity": 1}])
 def test_library_logs_or_absl_verbosity_bring_library_info_back(restore_logger_levels, switch):
     flags.FLAGS.mark_as_parsed()
-    with flagsaver.flagsaver(**switch):
-        console.configure()
+    with flagsaver.flagsaver(verbosity=switch["verbosity"]):
+        console.configure(library_logs=switch["library_logs"])
         levels = _effective_levels()
     library_level = logging.DEBUG if switch["verbosity"] else logging.INFO
     assert levels["orbax.checkpoint"] == levels["absl"] == levels["jax._src.xla_bridge"] == library_level

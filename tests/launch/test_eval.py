@@ -9,6 +9,11 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+from conductor.baselines import BaselineConfig, prompted_conductor_outcomes, run_baselines, workflow_outcomes
+from conductor.format_check import greedy_valid_format, held_out_questions
+from conductor.loop_environment import TokenizedConductorEnv, completion_text
+from conductor.outcomes import Outcome, conductor_outcomes
+from conductor.report import markdown_report, summarize, write_report
 from env import prompts
 from env.executor import ExecutorConfig
 from env.gym_env import ConductorEnv, EnvConfig
@@ -20,11 +25,6 @@ from env.workers.openai_api import OpenAICompatibleWorker
 from env.workers.replay import ROUTERDC_MODELS
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, World, build_world, replay_reference_points
-from launch.baselines import BaselineConfig, prompted_conductor_outcomes, run_baselines, workflow_outcomes
-from launch.format_check import greedy_valid_format, held_out_questions
-from launch.loop_environment import TokenizedConductorEnv, completion_text
-from launch.outcomes import Outcome, conductor_outcomes
-from launch.report import markdown_report, summarize, write_report
 from models import zoo
 from models.tokenizer import load_tokenizer
 from rollout.types import Completion, SamplingParams

@@ -1,4 +1,4 @@
-"""`launch.sft` and its teachers (`launch.teachers`): the command's output, the teachers' examples and their
+"""`launch.sft` and its teachers (`conductor.teachers`): the command's output, the teachers' examples and their
 decision-probe labels (the probe reads the state that chooses the first worker id)."""
 
 from __future__ import annotations
@@ -13,21 +13,21 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conductor import teachers
+from conductor.loop_environment import TokenizedConductorEnv
+from conductor.teachers import TeacherConfig
 from env.executor import ExecutorConfig
 from env.gym_env import ConductorEnv, EnvConfig
 from env.prompts import CONDUCTOR_PREFIX
+from env.tasks.synthetic import DOMAINS
 from env.workers.replay import ROUTERDC_MODELS
 from env.workflow import parse_workflow
-from env.tasks.synthetic import DOMAINS
 from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, build_world
-from launch import teachers
-from launch.teachers import TeacherConfig
-from launch.loop_environment import TokenizedConductorEnv
 from models import ModelConfig, Transformer, zoo
-from tests.tiny_models import tiny_config
 from models.tokenizer import load_tokenizer
 from rl.loop import question_order
 from rl.supervised import SFTConfig, SupervisedTrainer
+from tests.tiny_models import tiny_config
 
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py

@@ -6,8 +6,8 @@ import subprocess
 import pytest
 from absl.testing import flagsaver
 
+from conductor.generators import sglang_config
 from launch.flag_groups import generator as generator_flags
-from launch.generators import sglang_config
 from launch.sglang_servers import server_commands
 from rollout.sglang_generator import SGLangConfig, SGLangGenerator
 from tests.sglang_reference_server import ReferenceServer, parsed_server_args

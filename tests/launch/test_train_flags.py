@@ -11,13 +11,15 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
+from conductor import conductor_env, generators
 from env.gym_env import ConductorEnv
 from env.tasks import sandbox
 from env.workers.api import FREE, Price
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch import conductor_env, generators
 from launch import sft, train  # noqa: F401  (define the renamed flags' new names, --logdir among them)
+from conductor.loop_environment import TokenizedConductorEnv
+from conductor.teachers import TeacherConfig, domain_labels
 from launch.flag_groups import environment as environment_flags
 from launch.flag_groups import generator as generator_flags
 from launch.flag_groups import learner as learner_flags
@@ -26,12 +28,10 @@ from launch.flag_groups import renamed
 from launch.flag_groups import sampling as sampling_flags
 from launch.flag_groups import supervised as supervised_flags
 from launch.flag_groups import teacher as teacher_flags
-from launch.loop_environment import TokenizedConductorEnv
-from launch.teachers import TeacherConfig, domain_labels
 from models import zoo
 from models.tokenizer import load_tokenizer
-from rl.loop import LoopConfig
 from rl.learner import LearnerConfig
+from rl.loop import LoopConfig
 
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")  # tests/launch/conftest.py

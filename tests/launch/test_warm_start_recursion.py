@@ -6,12 +6,12 @@ import random
 
 import pytest
 
+from conductor import teachers
+from conductor.loop_environment import TokenizedConductorEnv
 from env.gym_env import ConductorEnv, EnvConfig
 from env.prompts import CONDUCTOR_PREFIX
 from env.workflow import parse_workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch import teachers
-from launch.loop_environment import TokenizedConductorEnv
 from models import zoo
 from models.tokenizer import load_tokenizer
 

@@ -37,7 +37,7 @@ _DEFAULT_PATH = textwrap.dedent("""
     from absl import flags
     from flax import nnx
     from launch.flag_groups import conductor
-    from launch.conductor import load_conductor
+    from conductor.model import load_conductor
 
     imported = len(opened)  # what the imports open (torch loads its own dependencies through ctypes)
     flags.FLAGS(["default"])

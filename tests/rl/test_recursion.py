@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conductor.loop_environment import TokenizedConductorEnv, completion_text
+from conductor.outcomes import conductor_outcomes
 from env.gym_env import ConductorEnv, EnvConfig
 from env.workflow import Step, Workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch.loop_environment import TokenizedConductorEnv, completion_text
-from launch.outcomes import conductor_outcomes
 from models import zoo
 from models.config import ModelConfig
 from models.tokenizer import load_tokenizer

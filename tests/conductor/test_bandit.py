@@ -3,11 +3,11 @@ import math
 import numpy as np
 import pytest
 
+from conductor import bandit
 from env.orchestration import OrchestrationWorldConfig, context, load_tasks
 from env.rewards import RewardConfig
 from env.tasks.base import Task
 from env.worlds import build_world
-from launch import bandit
 
 RECIPE_REWARD = RewardConfig(format_error=-1.0, wrong=0.0, correct=1.0, step_penalty=0.08, usd_penalty=10.0)
 
@@ -116,7 +116,7 @@ def test_the_replay_problem_reads_recorded_scores_and_the_env_reward():
 
 def test_the_bandit_given_a_run_budget_on_held_out_pools_is_scored_exactly():
     """The launch.eval path: trained on the training split, it answers test questions whose pools it never saw."""
-    from launch.baselines import bandit_choice
+    from conductor.baselines import bandit_choice
     from env.gym_env import ConductorEnv, EnvConfig
 
     world = build_world(OrchestrationWorldConfig(split="test"), RECIPE_REWARD, max_steps=3)
@@ -133,7 +133,7 @@ def test_the_bandit_given_a_run_budget_on_held_out_pools_is_scored_exactly():
 
 
 def test_launch_eval_reports_the_exact_figures_of_the_orchestration_baselines():
-    from launch.baselines import BaselineConfig, run_baselines
+    from conductor.baselines import BaselineConfig, run_baselines
     from env.gym_env import ConductorEnv, EnvConfig
 
     world = build_world(OrchestrationWorldConfig(split="validation", validation_questions=24), RECIPE_REWARD, 3)

@@ -16,9 +16,9 @@ import json
 import random
 from typing import Literal, Mapping, Sequence, get_args
 
+from conductor.loop_environment import TokenizedConductorEnv, completion_ids, worker_id_tokens
 from env.policies import DEFAULT_TEMPLATES, TEMPLATES, random_template
 from env.workflow import Workflow
-from launch.loop_environment import TokenizedConductorEnv, completion_ids, worker_id_tokens
 from rl.loop import question_order
 from rl.supervised import Example
 

@@ -8,10 +8,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from conductor.loop_environment import TokenizedConductorEnv, rollout_metrics
 from env.gym_env import Scored
 from env.tasks.base import Task
 from env.workflow import Workflow
-from launch.loop_environment import TokenizedConductorEnv, rollout_metrics
 from rl.loop import Rollout
 from rollout.types import SamplingParams
 
@@ -26,7 +26,7 @@ EVAL_ROUND_SAMPLE_ID_STRIDE = 10**9
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """One scored answer: its rollout metrics (`launch.loop_environment.rollout_metrics`), the workers its steps
+    """One scored answer: its rollout metrics (`conductor.loop_environment.rollout_metrics`), the workers its steps
     used and its (last round's) workflow, None after a format error."""
 
     task_id: str

@@ -1,7 +1,8 @@
 """Multi-host runs: one process per host, joined by JAX's own multi-controller runtime (`jax.distributed`).
 
 `initialize()` is the first call of every entry point that runs the learner (`launch.train`, `launch.sft`,
-`launch.benchmark`), before any JAX computation. Whether it joins a distributed run is `--distributed`:
+`launch.benchmark`), before any JAX computation. Whether it joins a distributed run is `DistributedConfig.mode`
+(`--distributed`; the flags of this module's settings are in launch/flag_groups/distributed.py):
 - `auto` (default): when `--coordinator_address`, `--num_processes` or `--process_id` is given, or when the job is a
   SLURM step of several tasks (`srun`, SLURM_NTASKS > 1) or an Open MPI job of several ranks (`mpirun`,
   OMPI_COMM_WORLD_SIZE > 1); otherwise the run is one process.
@@ -24,46 +25,53 @@ it (`wait_for_every_process`), at most `--distributed_shutdown_timeout_s`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pathlib
-from typing import Any
+from typing import Any, Literal, get_args
 
 import jax
 import orbax.checkpoint as ocp
-from absl import flags
 from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from models.sharding import make_mesh
 
-_DISTRIBUTED = flags.DEFINE_enum(
-    "distributed", "auto", ["auto", "on", "off"],
-    "Join a multi-process run through jax.distributed.initialize: auto (when --coordinator_address, --num_processes "
-    "or --process_id is given, or under a SLURM step or Open MPI job of several processes), on (always; JAX detects "
-    "what the flags leave out, as on a TPU pod slice), off.",
-)
-_COORDINATOR_ADDRESS = flags.DEFINE_string(
-    "coordinator_address", None,
-    "host:port of process 0, reachable from every process (jax.distributed.initialize's coordinator_address).",
-)
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run, one per host.", lower_bound=1)
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0 .. num_processes - 1.", lower_bound=0)
-_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
-    "distributed_heartbeat_timeout_s", 100,
-    "Seconds without a process's heartbeat after which the coordination service ends every other process.",
-    lower_bound=1,
-)
-_INIT_TIMEOUT = flags.DEFINE_integer(
-    "distributed_init_timeout_s", 300, "Seconds the processes wait for each other to start.", lower_bound=1
-)
-_SHUTDOWN_TIMEOUT = flags.DEFINE_integer(
-    "distributed_shutdown_timeout_s", 3600,
-    "Seconds the processes wait at the end of a run for the last of them (launch.train's process 0 runs the "
-    "end-of-run evaluation alone while the others wait), before the run fails.",
-    lower_bound=1,
-)
+Mode = Literal["auto", "on", "off"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """Whether and how a process joins a multi-process run (the module docstring; launch's flags of the same names).
+
+    `mode` auto, on or off; `coordinator_address` host:port of process 0, reachable from every process;
+    `num_processes` in the run, one per host; `process_id` this process's index; the timeouts in seconds: a
+    process's heartbeat, the processes' wait for each other at startup, and at the end of a run for the last of them.
+    """
+
+    mode: Mode = "auto"
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    heartbeat_timeout_s: int = 100
+    init_timeout_s: int = 300
+    shutdown_timeout_s: int = 3600
+
+    def __post_init__(self) -> None:
+        if self.mode not in get_args(Mode):
+            raise ValueError(f"mode must be one of {get_args(Mode)}, got {self.mode!r}")
+        if self.num_processes is not None and self.num_processes < 1:
+            raise ValueError(f"num_processes must be at least 1, got {self.num_processes}")
+        if self.process_id is not None and self.process_id < 0:
+            raise ValueError(f"process_id must be at least 0, got {self.process_id}")
+        if self.num_processes is not None and self.process_id is not None and self.process_id >= self.num_processes:
+            raise ValueError(f"process_id {self.process_id} is not below num_processes {self.num_processes}")
+        for name in ("heartbeat_timeout_s", "init_timeout_s", "shutdown_timeout_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 second, got {getattr(self, name)}")
+
 
 log = logging.getLogger(__name__)
 
@@ -75,26 +83,26 @@ def _cluster_of_several_processes() -> bool:
     return slurm or open_mpi
 
 
-def requested() -> bool:
-    """Whether `--distributed` and the environment ask for a multi-process run."""
-    if _DISTRIBUTED.value != "auto":
-        return _DISTRIBUTED.value == "on"
-    given = (_COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+def requested(config: DistributedConfig) -> bool:
+    """Whether `config.mode` and the environment ask for a multi-process run."""
+    if config.mode != "auto":
+        return config.mode == "on"
+    given = (config.coordinator_address, config.num_processes, config.process_id)
     return any(value is not None for value in given) or _cluster_of_several_processes()
 
 
-def initialize() -> None:
+def initialize(config: DistributedConfig) -> None:
     """Joins the distributed run when one is requested (see the module docstring); call before any JAX computation."""
-    if not requested():
+    if not requested(config):
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
-        coordinator_address=_COORDINATOR_ADDRESS.value,
-        num_processes=_NUM_PROCESSES.value,
-        process_id=_PROCESS_ID.value,
-        initialization_timeout=_INIT_TIMEOUT.value,
-        heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
-        shutdown_timeout_seconds=_SHUTDOWN_TIMEOUT.value,
+        coordinator_address=config.coordinator_address,
+        num_processes=config.num_processes,
+        process_id=config.process_id,
+        initialization_timeout=config.init_timeout_s,
+        heartbeat_timeout_seconds=config.heartbeat_timeout_s,
+        shutdown_timeout_seconds=config.shutdown_timeout_s,
     )
     log.info(
         "process %d of %d: %d local devices, %d in all", jax.process_index(), jax.process_count(),
@@ -102,12 +110,13 @@ def initialize() -> None:
     )
 
 
-def wait_for_every_process(barrier: str) -> None:
+def wait_for_every_process(barrier: str, timeout_s: int) -> None:
     """Returns once every process has called it with the same `barrier` name (at once in a one-process run), or fails
-    after `--distributed_shutdown_timeout_s`. The processes that finish first wait here, not at JAX's exit barrier:
-    had they exited, that barrier's timeout would have ended the run, process 0's evaluation with it."""
+    after `timeout_s` (`DistributedConfig.shutdown_timeout_s`). The processes that finish first wait here, not at
+    JAX's exit barrier: had they exited, that barrier's timeout would have ended the run, process 0's evaluation with
+    it."""
     if jax.process_count() > 1:
-        ocp.multihost.get_jax_distributed_client().wait_at_barrier(barrier, _SHUTDOWN_TIMEOUT.value * 1000)
+        ocp.multihost.get_jax_distributed_client().wait_at_barrier(barrier, timeout_s * 1000)
 
 
 def is_main_process() -> bool:

@@ -2,38 +2,29 @@
 
 A training run's console is read by a person: the warm-start's progress, one line per iteration and the summary.
 Libraries log far more than that at INFO (orbax's checkpoint internals, JAX's backend probing, transformers'
-progress bars), so by default they speak only at WARNING and above. `--library_logs`, or absl's own
-`--verbosity=1` and up, restores everything.
+progress bars), so by default they speak only at WARNING and above. `library_logs` (the flag `--library_logs`), or
+absl's own `--verbosity=1` and up, restores everything.
 """
 
 from __future__ import annotations
 
 import logging
 
-from absl import flags
 from absl import logging as absl_logging
 
-_LIBRARY_LOGS = flags.DEFINE_boolean(
-    "library_logs", False,
-    "Show other libraries' INFO logs (orbax, JAX, transformers) and progress bars; absl's --verbosity=1 does too.",
-)
-
 # `__main__` is the entry point itself, run as `python -m launch.NAME`.
-OWN_LOGGERS = ("__main__", "env", "launch", "models", "rl", "rollout")
+OWN_LOGGERS = ("__main__", "conductor", "env", "launch", "models", "rl", "rollout")
 # math-verify warns on every grader thread that its signal-based timeout is off; graders run in worker threads,
 # where signals cannot interrupt, so that is the intended setting and the warning says nothing new.
 _SILENCED_LOGGERS = ("math_verify",)
 
 
-def library_logs_requested() -> bool:
-    return _LIBRARY_LOGS.value or absl_logging.get_verbosity() >= 1
-
-
-def configure() -> None:
-    """Call first in an entry point's `main`: our packages log at INFO, libraries at WARNING unless asked."""
+def configure(library_logs: bool) -> None:
+    """Call first in an entry point's `main`: our packages log at INFO, libraries at WARNING unless `library_logs` or
+    absl's verbosity is 1 and up."""
     for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)
-    if library_logs_requested():
+    if library_logs or absl_logging.get_verbosity() >= 1:
         library_level = logging.DEBUG if absl_logging.get_verbosity() >= 1 else logging.INFO
         for name in ("", "absl"):
             logging.getLogger(name).setLevel(library_level)

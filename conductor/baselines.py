@@ -7,7 +7,7 @@ and rewarded. The scoring env differs only in admitting the baseline's step coun
 an untrained Conductor (`prompted_conductor_outcomes`) writes its own workflow.
 
 Where a world knows every workflow's exact outcome (the orchestration world) or every call's recorded one (replay),
-a contextual UCB1 bandit given a training run's feedback budget (`launch.bandit`) answers the question a skeptic
+a contextual UCB1 bandit given a training run's feedback budget (`conductor.bandit`) answers the question a skeptic
 asks: does the Conductor learn more than a table of counts per observed context? The orchestration world adds its
 exact reference policies (the best fixed workflow per pool, the best per (domain, pool), the per-question optimum)
 and every method's exact expected reward there (`orchestration_figures`).
@@ -22,6 +22,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from conductor import bandit
+from conductor.outcomes import Outcome, sample_id, scored_outcome
+from conductor.report import summarize
 from env import orchestration, policies
 from env.executor import step_seed
 from env.gym_env import ConductorEnv
@@ -29,9 +32,6 @@ from env.tasks.base import Task
 from env.workers.base import WorkerError, WorkerReply
 from env.workers.cache import cache_key
 from env.workflow import Workflow, render_workflow
-from launch import bandit
-from launch.outcomes import Outcome, sample_id, scored_outcome
-from launch.report import summarize
 
 BASELINES = (
     "single", "domain_best", "random", "oracle", "moa", "self_reflection", "consensus", "prompted_conductor",
@@ -75,7 +75,7 @@ def oracle_choice(env: ConductorEnv) -> WorkflowChoice | None:
 
 
 def bandit_choice(env: ConductorEnv, budget: int, seed: int) -> WorkflowChoice | None:
-    """The contextual UCB1 bandit's workflows after `budget` pulls (`launch.bandit`): on the orchestration world's
+    """The contextual UCB1 bandit's workflows after `budget` pulls (`conductor.bandit`): on the orchestration world's
     training split, or on a replay world's own questions; None on other worlds."""
     world = env.world
     if world.orchestration is not None:

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from launch.outcomes import Outcome
+from conductor.outcomes import Outcome
 
 
 def _stderr(values: Sequence[float]) -> float | None:

@@ -1,14 +1,14 @@
-"""`launch.TokenizedConductorEnv` scores Conductor completions through the env and reports per-rollout metrics."""
+"""`conductor.loop_environment.TokenizedConductorEnv` scores Conductor completions through the env and reports per-rollout metrics."""
 
 from __future__ import annotations
 
 import pytest
 
 from conductor.advantages import ROUTE
+from conductor.loop_environment import TokenizedConductorEnv, completion_text, worker_id_tokens
 from env.gym_env import ConductorEnv
 from env.workflow import Step, Workflow
 from env.worlds import SyntheticWorldConfig, build_world
-from launch.loop_environment import TokenizedConductorEnv, completion_text, worker_id_tokens
 from models import zoo
 from models.tokenizer import load_tokenizer
 

@@ -1,4 +1,4 @@
-"""launch.host_memory: freed blocks stay in the process, so allocating them again costs no page faults."""
+"""conductor.host_memory: freed blocks stay in the process, so allocating them again costs no page faults."""
 
 import json
 import os
@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from launch import host_memory
+from conductor import host_memory
 
 # A fresh process (the arena limit binds only threads that have not allocated yet, glibc reads its tunables only at
 # start) frees a block, allocates it again and touches every page. It prints what `retain_freed_memory` returned,
 # the tunables variables left in its environment, and the minor page faults of the second round.
 _FAULTS_OF_A_REUSED_BLOCK = """
 import ctypes, json, os, resource, sys
-from launch.host_memory import RESTARTED_VARIABLE, retain_freed_memory
+from conductor.host_memory import RESTARTED_VARIABLE, retain_freed_memory
 applied = retain_freed_memory(restart=sys.argv[1] == "restart")
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -41,7 +41,7 @@ glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ve
 
 
 def _environment_without_settings() -> dict[str, str]:
-    """This environment without the variables `launch.host_memory` reads, as a user's shell would start a program."""
+    """This environment without the variables `conductor.host_memory` reads, as a user's shell would start a program."""
     settings = (host_memory.SETTING_VARIABLE, host_memory.RESTARTED_VARIABLE, "GLIBC_TUNABLES")
     return {name: value for name, value in os.environ.items() if name not in settings}
 
@@ -99,7 +99,7 @@ def test_a_users_own_glibc_tunables_are_kept_and_the_opt_out_never_restarts():
 # A restarted entry point starts the block-reusing program above once inside `tunables_for_children()` and once after.
 _PARENT_OF_TWO_CHILDREN = """
 import json, subprocess, sys
-from launch import host_memory
+from conductor import host_memory
 host_memory.retain_freed_memory(restart=True)
 def child():
     command = [sys.executable, "-c", sys.argv[1], "in-process", sys.argv[2]]

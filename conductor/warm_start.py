@@ -7,10 +7,10 @@ import logging
 import random
 from typing import Any, Sequence
 
+from conductor.loop_environment import TokenizedConductorEnv
+from conductor.teachers import TeacherConfig, teacher_examples
 from env.prompts import CONDUCTOR_PREFIX
 from env.workflow import WorkflowFormatError, parse_workflow
-from launch.loop_environment import TokenizedConductorEnv
-from launch.teachers import TeacherConfig, teacher_examples
 from rl.supervised import SFTConfig, SupervisedTrainer
 from rollout.types import SamplingParams
 
