@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import functools
 import re
+import threading
 from typing import Any, Sequence
 
 from conductor.advantages import ROUTE
@@ -75,7 +76,9 @@ def completion_ids(environment: TokenizedConductorEnv, workflow: Workflow) -> tu
 class TokenizedConductorEnv:
     """A `ConductorEnv` seen through the Conductor's tokenizer, as `rl.loop.Environment`: prompts through the
     Conductor's chat template, completions decoded from the generator's own token ids, scores from the env (which
-    owns the reward)."""
+    owns the reward). `score_async` scores on the running event loop, so the asynchronous pipeline (`rl.pipeline`)
+    runs many groups' workflows at once; the tokenizer is used by one thread at a time (a fast tokenizer is not
+    safe to share)."""
 
     def __init__(self, env: ConductorEnv, tokenizer: Any):
         self.env = env
@@ -84,6 +87,7 @@ class TokenizedConductorEnv:
         self.num_questions = len(self.tasks)
         self.question_labels = [task.domain for task in self.tasks]
         self._prompts: dict[int, list[int]] = {}
+        self._tokenizer_lock = threading.RLock()
 
     @functools.cached_property
     def route_token_ids(self) -> tuple[int, ...]:
@@ -97,48 +101,61 @@ class TokenizedConductorEnv:
         return tuple(sorted(choices))
 
     def prompt_ids(self, question: int) -> list[int]:
-        if question not in self._prompts:
-            observation = self.env.observation(self.tasks[question])
-            self._prompts[question] = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
-        return self._prompts[question]
+        with self._tokenizer_lock:
+            if question not in self._prompts:
+                observation = self.env.observation(self.tasks[question])
+                self._prompts[question] = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
+            return self._prompts[question]
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        with self._tokenizer_lock:
+            return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def score(self, questions, completions, contexts, sample_ids) -> list[Rollout]:
         tasks = [self.tasks[q] for q in questions]
         scored = self.env.score_batch_sync(
             tasks, [self.decode(c) for c in completions], sample_indices=list(sample_ids), previous=contexts
         )
-        rollouts = []
-        oracle = self.env.world.oracle
-        for task, result, completion in zip(tasks, scored, completions):
-            metrics = rollout_metrics(result)
-            if oracle is not None:
-                # Whether the workflow's answer comes from the worker the known optimal plan ends with (a recursion
-                # round that kept its answer: the worker that gave it in an earlier round).
-                execution = result.execution
-                while execution is not None and not execution.steps:
-                    execution = execution.previous
-                final = execution.steps[-1].worker if execution is not None else None
-                metrics["oracle_route"] = float(final == oracle.plans[task.domain].final)
-            followup = None
-            if result.round < self.env.config.recursion_rounds and result.workflow is not None:
-                observation = self.env.observation(task, result)
-                followup = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
-            workers = tuple(step.worker for step in result.workflow.steps) if result.workflow else ()
-            route_tokens = worker_id_tokens(self.tokenizer, completion) if workers else ()
-            rollouts.append(
-                Rollout(
-                    reward=result.reward,
-                    metrics=metrics,
-                    labels={ROUTE: workers or None},
-                    # A list the parser read in another form than the pattern's gives no decision tokens.
-                    marked_tokens={ROUTE: route_tokens if len(route_tokens) == len(workers) else ()},
-                    record={"workers": list(workers)},
-                    histograms={"workers_chosen": workers},
-                    context=result,
-                    followup_prompt_ids=followup,
+        return self._rollouts(tasks, scored, completions)
+
+    async def score_async(self, questions, completions, contexts, sample_ids) -> list[Rollout]:
+        tasks = [self.tasks[q] for q in questions]
+        scored = await self.env.score_batch(
+            tasks, [self.decode(c) for c in completions], sample_indices=list(sample_ids), previous=contexts
+        )
+        return self._rollouts(tasks, scored, completions)
+
+    def _rollouts(self, tasks, scored, completions) -> list[Rollout]:
+        with self._tokenizer_lock:
+            rollouts = []
+            oracle = self.env.world.oracle
+            for task, result, completion in zip(tasks, scored, completions):
+                metrics = rollout_metrics(result)
+                if oracle is not None:
+                    # Whether the workflow's answer comes from the worker the known optimal plan ends with (a recursion
+                    # round that kept its answer: the worker that gave it in an earlier round).
+                    execution = result.execution
+                    while execution is not None and not execution.steps:
+                        execution = execution.previous
+                    final = execution.steps[-1].worker if execution is not None else None
+                    metrics["oracle_route"] = float(final == oracle.plans[task.domain].final)
+                followup = None
+                if result.round < self.env.config.recursion_rounds and result.workflow is not None:
+                    observation = self.env.observation(task, result)
+                    followup = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
+                workers = tuple(step.worker for step in result.workflow.steps) if result.workflow else ()
+                route_tokens = worker_id_tokens(self.tokenizer, completion) if workers else ()
+                rollouts.append(
+                    Rollout(
+                        reward=result.reward,
+                        metrics=metrics,
+                        labels={ROUTE: workers or None},
+                        # A list the parser read in another form than the pattern's gives no decision tokens.
+                        marked_tokens={ROUTE: route_tokens if len(route_tokens) == len(workers) else ()},
+                        record={"workers": list(workers)},
+                        histograms={"workers_chosen": workers},
+                        context=result,
+                        followup_prompt_ids=followup,
+                    )
                 )
-            )
-        return rollouts
+            return rollouts

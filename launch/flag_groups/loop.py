@@ -24,6 +24,14 @@ _FIELDS = {
     "estimator": flags.DEFINE_enum("estimator", "grpo", sorted(ESTIMATORS), "Advantage estimator."),
     "dynamic_sampling": flags.DEFINE_boolean("dynamic_sampling", False, "Drop groups whose rewards all agree."),
     "checkpoint_every": flags.DEFINE_integer("checkpoint_every", 10, "Iterations between checkpoints."),
+    "max_staleness": flags.DEFINE_integer(
+        "max_staleness", 0,
+        "0: sample, execute, score, learn and sync strictly in turn. K >= 1: the next batches are sampled, executed "
+        "and scored while the learner updates, a batch takes groups as their workflows finish, and a group sampled "
+        "more than K policy versions before the weights it would train is dropped (docs/design.md, the "
+        "asynchronous pipeline). Needs --old_logprobs=sampler or a --mismatch_correction.",
+        lower_bound=0,
+    ),
 }
 # The Conductor's advantage transforms (`conductor.advantages`), in the order `transforms_from_flags` runs them.
 _BALANCE_ROUTES = flags.DEFINE_float(

@@ -49,6 +49,12 @@ _SYNTHETIC_PRICES = flags.DEFINE_string(
 )
 _SYNTHETIC_TASKS = flags.DEFINE_integer("synthetic_tasks", 1000, "Questions generated for the synthetic world.")
 _WORKER_LATENCY = flags.DEFINE_float("worker_latency_s", 0.0, "Simulated latency of synthetic and replay workers.")
+_WORKER_LATENCY_SIGMA = flags.DEFINE_float(
+    "worker_latency_sigma", 0.0,
+    "synthetic world: > 0 makes each worker call's latency lognormal, median --worker_latency_s and this log-std, "
+    "as API latencies are (1: a tenth of calls take 3.6 times the median).",
+    lower_bound=0.0,
+)
 _MULTI_STEP_RULE = flags.DEFINE_enum(
     "multi_step_rule", "independent", get_args(MultiStepRule),
     "How simulated and replay workers use earlier steps: 'independent' (a workflow is worth its last step; exact "
@@ -81,7 +87,8 @@ def _synthetic(tasks: Sequence[str], answer_model: AnswerModel) -> SyntheticWorl
         prices = tuple(Price(*row) for row in prices)
     return SyntheticWorldConfig(
         num_workers=len(skills) if skills else _SYNTHETIC_WORKERS.value, num_tasks=_SYNTHETIC_TASKS.value,
-        seed=shared.SEED.value, skills=skills, latency_s=_WORKER_LATENCY.value, prices=prices,
+        seed=shared.SEED.value, skills=skills, latency_s=_WORKER_LATENCY.value,
+        latency_sigma=_WORKER_LATENCY_SIGMA.value, prices=prices,
         answer_model=answer_model,
     )
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 from conductor.advantages import ROUTE
@@ -34,6 +37,26 @@ def test_oracle_route_says_whether_the_final_worker_is_the_optimal_plans(world):
     assert [r.metrics["valid_format"] for r in rollouts] == [1.0, 1.0, 0.0]
     assert rollouts[0].labels[ROUTE] == (best,) and rollouts[1].labels[ROUTE] == (other,)
     assert rollouts[0].record == {"workers": [best]} and rollouts[1].histograms == {"workers_chosen": (other,)}
+
+
+def test_scoring_on_an_event_loop_gives_score_s_rollouts_and_runs_groups_side_by_side(world):
+    slow = TokenizedConductorEnv(
+        ConductorEnv(build_world(SyntheticWorldConfig(num_workers=4, num_tasks=8, latency_s=0.3))), world.tokenizer
+    )
+    completions = [_completion(slow, worker) for worker in range(4)] + [slow.tokenizer.encode("no workflow")]
+    expected = slow.score([2] * 5, completions, None, range(5))
+
+    async def two_groups():
+        return await asyncio.gather(slow.score_async([2] * 5, completions, None, range(5)),
+                                    slow.score_async([3] * 5, completions, None, range(5, 10)))
+
+    started = time.perf_counter()
+    same, other = asyncio.run(two_groups())
+    assert time.perf_counter() - started < 0.55  # each group's calls take 0.3 s; one after the other, 0.6 s
+    assert [(r.reward, r.metrics, r.labels, r.record) for r in same] == [
+        (r.reward, r.metrics, r.labels, r.record) for r in expected
+    ]
+    assert len(other) == 5 and other[4].metrics["valid_format"] == 0.0
 
 
 def test_a_recursion_round_that_keeps_its_answer_is_routed_as_the_round_that_gave_it(world):
