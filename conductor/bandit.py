@@ -3,12 +3,12 @@ observed context could learn the same thing (issue 64).
 
 The bandit learns from the same kind of feedback a training run gets, and as much of it (`budget` pulls): each pull
 draws a training question uniformly, picks one of its context's arms by UCB1, and sees the reward of one drawn
-outcome (right with the arm's exact or recorded probability, `BanditProblem`). After the budget it answers each
-question with the arm of the highest mean reward seen in the question's context (ties: the lower arm, which has
-fewer steps). A context it never saw falls back to the statistics of every seen context of the same group, pooled
-by what each arm means outside its context (`arm_keys`: in the orchestration world the workflow over the workers
-themselves rather than over the pool's slots), restricted to arms the unseen context offers; with nothing to go on,
-arm 0.
+outcome (right with the arm's exact or recorded probability, `BanditProblem`), or, on the orchestration world for a
+run with `--expected_grades`, the arm's exact expected reward. After the budget it answers each question with the
+arm of the highest mean reward seen in the question's context (ties: the lower arm, which has fewer steps). A
+context it never saw falls back to the statistics of every seen context of the same group, pooled by what each arm
+means outside its context (`arm_keys`: in the orchestration world the workflow over the workers themselves rather
+than over the pool's slots), restricted to arms the unseen context offers; with nothing to go on, arm 0.
 
 Two worlds supply problems: the orchestration world (context: domain, difficulty and offered pool; arms: every
 candidate workflow; group: domain and difficulty; trained on the training split, whose pools the validation and
@@ -125,8 +125,12 @@ def _best(stats: ArmStatistics) -> int:
 # -- the worlds' problems -----------------------------------------------------------------------------------------
 
 
-def orchestration_problem(reference: orchestration.OrchestrationReference, tasks: Sequence[Task]) -> BanditProblem:
-    """Arms: the reference's candidate workflows over the slots; context: what the question shows."""
+def orchestration_problem(
+    reference: orchestration.OrchestrationReference, tasks: Sequence[Task], expected_grades: bool = False
+) -> BanditProblem:
+    """Arms: the reference's candidate workflows over the slots; context: what the question shows. With
+    `expected_grades` (a run's `--expected_grades`) a pull sees the arm's exact expected reward, as that run's
+    Conductor sees each sample's: the same kind of feedback, not only as much. Without, a drawn outcome's."""
     correct, wrong = reference.reward_config.correct, reference.reward_config.wrong
     p_rows, reward_rows = [], []
     for task in tasks:
@@ -135,7 +139,9 @@ def orchestration_problem(reference: orchestration.OrchestrationReference, tasks
         p_rows.append(p_right[row])
         reward_rows.append(reward[row])
     p_right = np.asarray(p_rows)
-    reward_wrong = np.asarray(reward_rows) - (correct - wrong) * p_right
+    reward = np.asarray(reward_rows)
+    reward_wrong = reward if expected_grades else reward - (correct - wrong) * p_right
+    reward_right = reward if expected_grades else reward_wrong + (correct - wrong)
     candidates = reference.candidates
 
     def arm_keys(context: Hashable) -> list[Hashable]:
@@ -146,7 +152,7 @@ def orchestration_problem(reference: orchestration.OrchestrationReference, tasks
     return BanditProblem(
         contexts=tuple(orchestration.context(task) for task in tasks),
         p_right=p_right,
-        reward_right=reward_wrong + (correct - wrong),
+        reward_right=reward_right,
         reward_wrong=reward_wrong,
         arm_keys=arm_keys,
         group=lambda context: context[:2],  # type: ignore[index]

@@ -81,7 +81,7 @@ def bandit_choice(env: ConductorEnv, budget: int, seed: int) -> WorkflowChoice |
     if world.orchestration is not None:
         reference = world.orchestration
         training = orchestration.load_tasks(dataclasses.replace(reference.config, split="train"))
-        problem = bandit.orchestration_problem(reference, training)
+        problem = bandit.orchestration_problem(reference, training, env.config.expected_grades)
         statistics = bandit.ucb1(problem, budget, seed)
         return lambda task, repeat: reference.candidates[
             bandit.choose(problem, statistics, orchestration.context(task))

@@ -104,6 +104,24 @@ def test_the_orchestration_problem_holds_the_exact_table_and_pools_arms_by_worke
     assert problem.group(("logic", "hard", (1, 3, 5))) == ("logic", "hard")
 
 
+def test_with_expected_grades_every_pull_sees_the_arms_exact_expected_reward():
+    """A run with --expected_grades scores each sample by its exact expected reward; its bandit gets the same."""
+    world = build_world(OrchestrationWorldConfig(split="train"), RECIPE_REWARD, max_steps=3)
+    reference = world.orchestration
+    tasks = world.tasks[:30]
+    problem = bandit.orchestration_problem(reference, tasks, expected_grades=True)
+    drawn = bandit.orchestration_problem(reference, tasks)
+    _, reward = reference.table(context(tasks[4])[2])
+    np.testing.assert_allclose(problem.reward_right[4], reward[reference.row(tasks[4])])
+    np.testing.assert_allclose(problem.reward_wrong, problem.reward_right)
+    assert np.all(drawn.reward_right - drawn.reward_wrong == pytest.approx(1.0))
+    statistics = bandit.ucb1(problem, 400, seed=2)
+    for index, task in enumerate(tasks):
+        stats = statistics[context(task)]
+        tried = stats.counts > 0
+        np.testing.assert_allclose(stats.sums[tried] / stats.counts[tried], problem.reward_right[index][tried])
+
+
 def test_the_replay_problem_reads_recorded_scores_and_the_env_reward():
     tasks = [Task(f"t{i}", "gsm8k", "q", "1", lambda r, g: 0.0, {"scores": {"m0": 0.3, "m1": 0.9}}) for i in range(2)]
     problem = bandit.replay_problem(tasks, ["m0", "m1"], RewardConfig(wrong=0.5, step_penalty=0.1))
