@@ -1,17 +1,20 @@
 """Sweeps: the same training run once per value of one `launch.train` flag and per seed, with statistics over seeds.
 
     python -m launch.compare --flagfile=launch/configs/quickstart.cfg --eval_tasks=synthetic \
-        --sweep=estimator=grpo,dr_grpo,rloo,reinforce_pp,opo --seeds=0,1,2 --out=runs/compare_estimators
+        --sweep=estimator=grpo,dr_grpo,rloo,reinforce_pp,opo --seeds=0,1,2 --logdir=runs/compare_estimators
 
 Every run is `python -m launch.train` with the flags given here (a `--flagfile` included) plus `--FLAG=value`,
-`--seed` and `--logdir=<out>/<FLAG>=<value>/seed=<seed>`; only those change between runs, so the runs differ by the
-swept value and the seed alone. The flag and every value are checked against launch.train's flags before any run
-starts. Up to `--parallel` runs train at once, each pinned to `--threads_per_run` cores of its own.
+`--seed` and `--logdir=<logdir>/<FLAG>=<value>/seed=<seed>`; only those change between runs, so the runs differ by
+the swept value and the seed alone. This program's own flags, `--logdir` (the sweep's directory) among them, are read
+from its command line only: a flagfile holds launch.train's flags, and its `--logdir` (every shipped one sets it) is
+replaced by each run's own, so no run writes into the flagfile's directory. A `--checkpoint_dir` is refused: the runs
+would share it. The flag and every value are checked against launch.train's flags before any run starts. Up to
+`--parallel` runs train at once, each pinned to `--threads_per_run` cores of its own.
 
 A run is finished when its directory holds `run_summary.json`: written (atomically) once `launch.train` exited 0
 and printed its summary. Rerunning the same command skips finished runs and restarts the others: one that had saved
 a checkpoint resumes from it (launch.train's own resume: same data position, RNG key and policy version, metrics past
-the checkpoint dropped); one that had not starts over in an emptied directory. `<out>/compare.json` keeps the
+the checkpoint dropped); one that had not starts over in an emptied directory. `<logdir>/compare.json` keeps the
 training flags, and a rerun with different ones is refused. More seeds or values may be added to a finished sweep.
 
 Per value, over seeds: the mean and 95% Student t interval of the final greedy score (`--score`, a key of
@@ -21,8 +24,8 @@ its last fifth of iterations, read from metrics.jsonl). Every pair of values is 
 t-test and, over the seeds both finished, a paired t-test (a seed's runs share its world, warm start and draws), the
 p-values of each Holm-adjusted over the pairs; a difference is significant where the adjusted p is below `--alpha`.
 With three seeds such tests detect only large differences: "not significant" is not "equal".
-Writes `<out>/summary.json`, `<out>/summary.md` (also printed) and `<out>/curves.png` (the mean curve per value with
-its 95% band, and each seed's figures). The code is the `sweeps` package's; this module is its flags.
+Writes `<logdir>/summary.json`, `<logdir>/summary.md` (also printed) and `<logdir>/curves.png` (the mean curve per
+value with its 95% band, and each seed's figures). The code is the `sweeps` package's; this module is its flags.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any, Sequence
 
 from absl import app, flags
 
+from launch.flag_groups import renamed
 from sweeps import plots
 from sweeps.grid import Run, Sweep, check_sweep, check_train_args, parse_sweep, plan, seeds_from_flags
 from sweeps.records import check_same_training, is_finished, write_json_atomically
@@ -56,9 +60,13 @@ _SEEDS = flags.DEFINE_list(
 _NUM_SEEDS = flags.DEFINE_integer(
     "num_seeds", 3, "Seeds 0 .. N-1 when --seeds is not given.", lower_bound=1, flag_values=COMPARE_FLAGS
 )
-_OUT = flags.DEFINE_string(
-    "out", "runs/compare", "The runs' logdirs, summary.json, summary.md and curves.png.", flag_values=COMPARE_FLAGS
+_LOGDIR = flags.DEFINE_string(
+    "logdir", "runs/compare",
+    "The sweep's directory: the runs' logdirs, compare.json, summary.json, summary.md and curves.png (a flagfile's "
+    "--logdir is not read here: each run gets its own under this one).",
+    flag_values=COMPARE_FLAGS,
 )
+renamed.define_renamed("out", "logdir", flag_values=COMPARE_FLAGS)
 _PARALLEL = flags.DEFINE_integer(
     "parallel", None, "How many runs train at once (default: the usable CPU cores // --threads_per_run, at least 1).",
     lower_bound=1, flag_values=COMPARE_FLAGS,
@@ -86,7 +94,7 @@ _ALPHA = flags.DEFINE_float(
     flag_values=COMPARE_FLAGS,
 )
 _REPORT_ONLY = flags.DEFINE_bool(
-    "report_only", False, "Report the finished runs in --out without starting any.", flag_values=COMPARE_FLAGS
+    "report_only", False, "Report the finished runs in --logdir without starting any.", flag_values=COMPARE_FLAGS
 )
 
 
@@ -106,12 +114,26 @@ def report(sweep: Sweep, runs: Sequence[Run], out: pathlib.Path, score: str, met
 
 
 def parse_own_flags(argv: list[str]) -> list[str]:
-    """Parses this script's flags and returns the rest (a `--flagfile` expanded): what every training run gets."""
+    """Parses this script's flags from the command line and returns `argv[0]` and the rest, each `--flagfile` expanded
+    in its place: what every training run gets. A flagfile's flags all go to the runs, `--logdir` among them."""
     if any(arg in ("-h", "-?", "--help", "--helpshort", "--helpfull") for arg in argv[1:]):
         print(f"{__doc__}\nflags:\n{COMPARE_FLAGS.module_help(COMPARE_FLAGS.find_module_defining_flag('sweep'))}\n\n"
               "Every other flag is passed to each training run: see `python -m launch.train --helpfull`.")
         sys.exit(0)
-    rest = COMPARE_FLAGS(argv, known_only=True)
+    rest = [argv[0]]
+    # Parsed in segments between the flagfiles, so that the training arguments keep their order (absl keeps a
+    # repeated flag's last value, a flagfile's as any other).
+    segment: list[str] = []
+    tokens = iter(argv[1:])
+    for token in tokens:
+        if token.lstrip("-").partition("=")[0] != "flagfile":
+            segment.append(token)
+            continue
+        rest += COMPARE_FLAGS([argv[0], *segment], known_only=True)[1:]
+        segment = []
+        directive = [token] if "=" in token else [token, next(tokens, "")]
+        rest += flags.FlagValues().read_flags_from_files(directive, force_gnu=True)
+    rest += COMPARE_FLAGS([argv[0], *segment], known_only=True)[1:]
     # absl's own flags (--only_check_args, logging) keep their defaults; marking rather than parsing also skips the
     # validators of flags that other launch modules imported into the same process may have registered.
     flags.FLAGS.mark_as_parsed()
@@ -138,7 +160,7 @@ def main(argv: list[str]) -> None:
             check_train_args(train_args, train_flags)
     except ValueError as error:
         raise app.UsageError(str(error)) from error
-    out = pathlib.Path(_OUT.value)
+    out = pathlib.Path(_LOGDIR.value)
     out.mkdir(parents=True, exist_ok=True)
     runs = plan(sweep, seeds, out)
     if not _REPORT_ONLY.value:

@@ -68,11 +68,14 @@ def check_sweep(sweep: Sweep, train_flags: flags.FlagValues) -> None:
 
 def check_train_args(args: Sequence[str], train_flags: flags.FlagValues) -> None:
     """Raises ValueError naming the first argument that launch.train would reject: a flag it does not define, a value
-    its flag cannot parse, or a positional argument."""
+    its flag cannot parse, or a positional argument; or that would mix the runs: a `--checkpoint_dir`."""
     for arg in args:
         if not arg.startswith("-"):
             raise ValueError(f"launch.train takes no positional argument, got {arg!r}")
         name, equals, value = arg.lstrip("-").partition("=")
+        if name == "checkpoint_dir":
+            raise ValueError(f"{arg}: every run would write its checkpoints there and resume from another's; each "
+                             "keeps them in its own --logdir")
         if name in train_flags:
             if equals:
                 try:

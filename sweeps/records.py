@@ -87,6 +87,6 @@ def check_same_training(out: pathlib.Path, train_args: Sequence[str]) -> None:
             added = [arg for arg in train_args if arg not in recorded]
             dropped = [arg for arg in recorded if arg not in train_args]
             raise ValueError(f"{out} holds runs trained with other flags (added {added}, dropped {dropped}); "
-                             "use another --out")
+                             "use another --logdir")
         return
     write_json_atomically(path, {"train_args": list(train_args)})

@@ -462,11 +462,47 @@ def test_own_flags_are_parsed_and_everything_else_goes_to_training(tmp_path, req
     assert rest[1:] == ["--world=synthetic", "--learning_rate=2e-4", "--estimator=grpo", "--iterations=7"]
 
 
+@pytest.fixture
+def default_compare_flags():
+    """compare's flags at their defaults before and after: a parse keeps the values an earlier one set."""
+    compare.COMPARE_FLAGS.unparse_flags()
+    yield compare.COMPARE_FLAGS
+    compare.COMPARE_FLAGS.unparse_flags()
+
+
+def test_a_flagfiles_logdir_goes_to_the_runs_and_the_sweeps_logdir_is_the_command_lines(
+    tmp_path, required_global_flag, default_compare_flags
+):
+    flagfile = tmp_path / "run.cfg"
+    flagfile.write_text("--iterations=3\n--logdir=runs/quickstart\n--seeds=9\n")
+    rest = compare.parse_own_flags(
+        ["compare", "--iterations=7", f"--flagfile={flagfile}", "--sweep=estimator=grpo,rloo",
+         f"--logdir={tmp_path / 'sweep'}", "--group_size=4"]
+    )
+    assert default_compare_flags.logdir == str(tmp_path / "sweep")
+    assert default_compare_flags.seeds is None, "a flagfile's flags are launch.train's, never compare's own"
+    # In their order: absl keeps the last of a repeated flag, and each run's own --logdir comes after them all.
+    assert rest[1:] == ["--iterations=7", "--iterations=3", "--logdir=runs/quickstart", "--seeds=9", "--group_size=4"]
+    run = grid.plan(grid.Sweep("estimator", ("rloo",)), [0], tmp_path / "sweep")[0]
+    assert grid.train_command(rest[1:], "estimator", run)[-1] == f"--logdir={run.logdir}"
+    assert run.logdir == tmp_path / "sweep" / "estimator=rloo" / "seed=0"
+
+
+def test_the_old_out_is_refused_with_its_new_name(default_compare_flags):
+    with pytest.raises(flags.IllegalFlagValueError, match="--out is renamed to --logdir"):
+        compare.parse_own_flags(["compare", "--sweep=estimator=grpo,rloo", "--out=runs/compare"])
+
+
+def test_a_shared_checkpoint_dir_is_refused_before_any_run(train_like_flags):
+    with pytest.raises(ValueError, match="--checkpoint_dir=runs/ckpt: every run would write its checkpoints there"):
+        grid.check_train_args(["--group_size=4", "--checkpoint_dir=runs/ckpt"], train_like_flags)
+
+
 def test_report_only_summarizes_finished_runs_from_the_command_line(tmp_path, fake_train):
     finished_sweep(tmp_path, fake_train, seeds=(0, 1))
     result = subprocess.run(
         [sys.executable, "-m", "launch.compare", "--report_only", "--sweep=estimator=grpo,rloo,opo", "--num_seeds=2",
-         f"--out={tmp_path}"],
+         f"--logdir={tmp_path}"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -486,7 +522,7 @@ def test_the_issues_sweeps_are_valid_for_launch_train_and_a_typo_is_not():
 def test_a_bad_sweep_is_a_usage_error_before_any_run(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "launch.compare", "--sweep=estimator=grpo,ppo_magic", "--iterations=2",
-         f"--out={tmp_path / 'out'}"],
+         f"--logdir={tmp_path / 'out'}"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode != 0 and "--estimator=ppo_magic is not a valid value" in result.stderr, result.stderr
@@ -499,7 +535,7 @@ def test_a_real_two_by_two_sweep_trains_reports_and_skips_finished_runs_when_rer
         sys.executable, "-m", "launch.compare", "--flagfile=launch/configs/quickstart.cfg", "--iterations=2",
         "--warm_start_steps=2", "--questions_per_iteration=2", "--group_size=4", "--mini_batch_size=8",
         "--synthetic_tasks=16", "--format_check_questions=0", "--eval_tasks=synthetic", "--checkpoint_every=0",
-        "--sweep=estimator=grpo,rloo", "--seeds=0,1", "--parallel=2", f"--out={tmp_path}",
+        "--sweep=estimator=grpo,rloo", "--seeds=0,1", "--parallel=2", f"--logdir={tmp_path}",
     ]
     first = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:] + first.stdout[-3000:]
