@@ -11,11 +11,22 @@ Prints, and writes as results.json and results.md under --logdir:
   routing by task label (all 16^3 assignments) and the cheapest task routing within 1 point of o1-mini alone;
 - the supervised per-question router ceiling (`env.text_router`): trained on the train split with every model's
   recorded outcome, evaluated on the test split.
+
+With --conductor_runs, it reads an earlier results.json (--results) instead of recomputing it, and adds the trained
+Conductors' greedy test points (launch.compare's run_summary.json files of a --usd_penalty sweep):
+
+    python -m launch.zeroeval --results=runs/zeroeval/results.json --logdir=runs/zeroeval \
+        --conductor_runs='runs/frontier_sweep/*/seed=*/run_summary.json' --plot=docs/zeroeval-frontier.png
+
+writing conductor.json and conductor.md (per penalty, over seeds, against o1-mini alone and the per-task best) and the
+PNG: each model alone, the task-routing frontier, the router ceiling and the Conductor's points, on the test split
+with cl100k_base tokens and o1-mini's visible output (x1).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import pathlib
 from typing import Sequence
@@ -48,7 +59,21 @@ _O1_FACTORS = flags.DEFINE_list(
 _SPLIT_SEED = flags.DEFINE_integer(
     "split_seed", 0, "Seed of the train/test split (env.tasks.zeroeval).", flag_values=ZEROEVAL_FLAGS
 )
+_RESULTS = flags.DEFINE_string(
+    "results", None, "An earlier run's results.json: with --conductor_runs, its reference points are used as they are.",
+    flag_values=ZEROEVAL_FLAGS,
+)
+_CONDUCTOR_RUNS = flags.DEFINE_list(
+    "conductor_runs", [], "Globs of launch.compare run_summary.json files of zeroeval --usd_penalty runs.",
+    flag_values=ZEROEVAL_FLAGS,
+)
+_PLOT = flags.DEFINE_string(
+    "plot", None, "With --conductor_runs: where the frontier PNG goes (default: <logdir>/frontier.png).",
+    flag_values=ZEROEVAL_FLAGS,
+)
 _O1_MINI = "o1-mini-2024-09-12"
+# The setting the Conductor is trained and evaluated in (launch/configs/frontier.cfg).
+CONDUCTOR_SETTING = "cl100k_base, o1-mini output x1"
 
 
 def _pct(x: float) -> str:
@@ -189,19 +214,165 @@ def run(directory: pathlib.Path, factors: Sequence[float], split_seed: int) -> d
     return results
 
 
+@dataclasses.dataclass(frozen=True)
+class ConductorRun:
+    """One trained Conductor's greedy point on the test split; `penalty` is its --usd_penalty."""
+
+    penalty: float
+    seed: int
+    accuracy: float
+    cost_usd_per_question: float
+
+
+def conductor_runs(paths: Sequence[pathlib.Path]) -> list[ConductorRun]:
+    """Runs recorded as launch.compare records them (run_summary.json: flag, value, seed and train_summary, whose
+    eval holds the zeroeval evaluation's accuracy and cost_usd_per_question)."""
+    runs = []
+    for path in paths:
+        record = json.loads(pathlib.Path(path).read_text())
+        if record.get("flag") != "usd_penalty":
+            raise ValueError(f"{path}: not a run of a --usd_penalty sweep (its flag is {record.get('flag')!r})")
+        evaluation = record.get("train_summary", {}).get("eval", {})
+        if "accuracy" not in evaluation or "cost_usd_per_question" not in evaluation:
+            raise ValueError(f"{path}: its summary has no eval.accuracy and eval.cost_usd_per_question, which "
+                             "launch.train writes on the zeroeval world with --eval_tasks")
+        runs.append(ConductorRun(float(record["value"]), int(record["seed"]), float(evaluation["accuracy"]),
+                                 float(evaluation["cost_usd_per_question"])))
+    return runs
+
+
+def _sd(values: np.ndarray) -> float:
+    return float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
+def conductor_table(runs: Sequence[ConductorRun], reference: dict) -> list[dict]:
+    """Per penalty, over its seeds: mean and sample standard deviation of accuracy and cost, the mean cost as a
+    fraction of o1-mini alone's, and how many seeds meet each goal of the issue: accuracy at least the per-task best
+    routing's minus 0.5 points; within 1 point of o1-mini alone at no more than half its cost."""
+    o1 = reference["single"][_O1_MINI]
+    best = reference["per_task_best"]["accuracy"]
+    rows = []
+    for penalty in sorted({run.penalty for run in runs}):
+        mine = [run for run in runs if run.penalty == penalty]
+        accuracy = np.array([run.accuracy for run in mine])
+        cost = np.array([run.cost_usd_per_question for run in mine])
+        cheap_and_close = (accuracy >= o1["accuracy"] - 0.01) & (cost <= 0.5 * o1["cost_usd_per_question"])
+        rows.append({
+            "usd_penalty": penalty, "seeds": sorted(run.seed for run in mine),
+            "accuracy_mean": float(accuracy.mean()), "accuracy_sd": _sd(accuracy),
+            "cost_usd_per_question_mean": float(cost.mean()), "cost_usd_per_question_sd": _sd(cost),
+            "cost_over_o1_mini": float(cost.mean() / o1["cost_usd_per_question"]),
+            "seeds_within_half_point_of_per_task_best": int((accuracy >= best - 0.005).sum()),
+            "seeds_within_1_point_of_o1_mini_at_half_its_cost": int(cheap_and_close.sum()),
+        })
+    return rows
+
+
+def conductor_markdown(table: Sequence[dict], reference: dict) -> str:
+    o1 = reference["single"][_O1_MINI]
+    best = reference["per_task_best"]
+    lines = [f"# The Conductor on the zeroeval test split ({CONDUCTOR_SETTING})", "",
+             f"o1-mini alone {_pct(o1['accuracy'])}% at ${_per_k(o1['cost_usd_per_question'])}/1k; per-task best "
+             f"{_pct(best['accuracy'])}% at ${_per_k(best['cost_usd_per_question'])}/1k ({best['route']}).", "",
+             "| --usd_penalty | seeds | accuracy % (mean ± sd) | $/1k q (mean ± sd) | cost ÷ o1-mini | "
+             ">= per-task best - 0.5 | within 1 point of o1-mini at <= 50% cost |", "|---|---|---|---|---|---|---|"]
+    for row in table:
+        seeds = len(row["seeds"])
+        lines.append(
+            f"| {row['usd_penalty']:g} | {', '.join(map(str, row['seeds']))} | {_pct(row['accuracy_mean'])} ± "
+            f"{_pct(row['accuracy_sd'])} | {_per_k(row['cost_usd_per_question_mean'])} ± "
+            f"{_per_k(row['cost_usd_per_question_sd'])} | {row['cost_over_o1_mini']:.3f} | "
+            f"{row['seeds_within_half_point_of_per_task_best']}/{seeds} | "
+            f"{row['seeds_within_1_point_of_o1_mini_at_half_its_cost']}/{seeds} |")
+    return "\n".join(lines) + "\n"
+
+
+def frontier_figure(reference: dict, router: Sequence[dict], runs: Sequence[ConductorRun],
+                    path: pathlib.Path) -> None:
+    """Accuracy against $ per 1,000 questions (log scale): each model alone, the exact task-routing frontier, the
+    text router's ceiling, the per-question oracle, the goal's region (within 1 point of o1-mini at no more than half its cost) and each
+    Conductor run, coloured by its --usd_penalty, with the mean over its seeds as a star."""
+    import matplotlib  # only this mode draws; the rest of the program runs without a display
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def xy(points):
+        return [1000 * p["cost_usd_per_question"] for p in points], [100 * p["accuracy"] for p in points]
+
+    figure, axes = plt.subplots(figsize=(9, 6))
+    axes.set_xscale("log")
+    axes.step(*xy(reference["task_routing_frontier"]), where="post", color="black",
+              label="routing by task label (exact frontier)")
+    for name, point in reference["single"].items():
+        (x,), (y,) = xy([point])
+        axes.scatter(x, y, marker="s", s=16, color="grey")
+        axes.annotate(name.split("-2024")[0].split("-Instruct")[0], (x, y), fontsize=6, color="dimgrey",
+                      xytext=(3, -3), textcoords="offset points")
+    axes.plot(*xy(router), ":", marker=".", color="tab:purple", label="supervised text router (per-question ceiling)")
+    axes.scatter(*xy([reference["oracle"]]), marker="D", s=24, color="tab:green",
+                 label="per-question oracle (cheapest right answer)")
+    o1 = reference["single"][_O1_MINI]
+    left = 0.5 * min(x for x in xy(reference["single"].values())[0])
+    axes.add_patch(plt.Rectangle((left, 100 * o1["accuracy"] - 1), 500 * o1["cost_usd_per_question"] - left,
+                                 101 - 100 * o1["accuracy"], color="tab:green", alpha=0.15,
+                                 label="goal: within 1 point of o1-mini at <= 50% of its cost"))
+    penalties = sorted({run.penalty for run in runs})
+    colours = plt.get_cmap("plasma")
+    for index, penalty in enumerate(penalties):
+        mine = [vars(run) for run in runs if run.penalty == penalty]
+        colour = colours(0.85 * index / max(len(penalties) - 1, 1))
+        axes.scatter(*xy(mine), s=16, alpha=0.6, color=colour)
+        (x,), (y,) = xy([{key: np.mean([run[key] for run in mine]) for key in ("accuracy", "cost_usd_per_question")}])
+        axes.scatter(x, y, s=110, marker="*", color=colour, edgecolors="black",
+                     label=f"Conductor, --usd_penalty={penalty:g} ({len(mine)} seed{'s' * (len(mine) > 1)})")
+    axes.set_xlim(left=left)
+    axes.set_ylim(50, 100)
+    axes.set_xlabel("$ per 1,000 test questions (cl100k_base tokens x list prices; o1-mini's visible output only)")
+    axes.set_ylabel("accuracy on the test split (%)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=7, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=130)
+    plt.close(figure)
+
+
+def report_conductor(results: dict, paths: Sequence[pathlib.Path], out: pathlib.Path, plot: pathlib.Path) -> str:
+    """conductor.json, conductor.md and the PNG from `results` (this program's) and the runs at `paths`."""
+    if not paths:
+        raise ValueError("--conductor_runs matched no file")
+    reference = results["costs"][CONDUCTOR_SETTING]["test"]
+    runs = conductor_runs(paths)
+    table = conductor_table(runs, reference)
+    (out / "conductor.json").write_text(json.dumps({"runs": [vars(run) for run in runs], "table": table}, indent=1))
+    text = conductor_markdown(table, reference)
+    (out / "conductor.md").write_text(text)
+    frontier_figure(reference, results["router"]["points"], runs, plot)
+    return text
+
+
 def main(argv: list[str]) -> None:
     del argv
     factors = [float(f) for f in _O1_FACTORS.value]
     if not factors or any(f < 1 for f in factors):
         raise app.UsageError(f"--o1_mini_output_factors must be numbers >= 1, got {_O1_FACTORS.value}")
-    directory = zeroeval.data_dir(_DATA_DIR.value)
-    results = run(directory, factors, _SPLIT_SEED.value)
     out = pathlib.Path(_LOGDIR.value)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    text = markdown(results)
-    (out / "results.md").write_text(text)
-    print(text)
+    if _CONDUCTOR_RUNS.value and _RESULTS.value:
+        results = json.loads(pathlib.Path(_RESULTS.value).read_text())
+    else:
+        results = run(zeroeval.data_dir(_DATA_DIR.value), factors, _SPLIT_SEED.value)
+        (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+        text = markdown(results)
+        (out / "results.md").write_text(text)
+        print(text)
+    if _CONDUCTOR_RUNS.value:
+        paths = sorted({path for pattern in _CONDUCTOR_RUNS.value for path in glob.glob(pattern)})
+        try:
+            print(report_conductor(results, [pathlib.Path(p) for p in paths], out,
+                                   pathlib.Path(_PLOT.value or out / "frontier.png")))
+        except ValueError as error:
+            raise app.UsageError(str(error)) from error
 
 
 parse_flags = own_flags_parser(ZEROEVAL_FLAGS, __doc__)

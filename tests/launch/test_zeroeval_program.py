@@ -83,3 +83,67 @@ def test_the_output_directory_is_logdir_and_the_old_out_dir_is_refused_with_its_
             program.parse_flags(["zeroeval", "--out_dir=runs/z"])
     finally:
         program.ZEROEVAL_FLAGS.unparse_flags()
+
+
+def _run_summary(path, flag, value, seed, evaluation):
+    path.mkdir(parents=True)
+    record = {"flag": flag, "value": value, "seed": seed, "wall_s": 1.0, "command": [],
+              "train_summary": {"eval": evaluation}}
+    (path / "run_summary.json").write_text(json.dumps(record))
+    return path / "run_summary.json"
+
+
+REFERENCE = {
+    "single": {"o1-mini-2024-09-12": {"accuracy": 0.90, "cost_usd_per_question": 0.004},
+               "cheap": {"accuracy": 0.60, "cost_usd_per_question": 0.0001}},
+    "per_task_best": {"route": "a: o1-mini-2024-09-12", "accuracy": 0.92, "cost_usd_per_question": 0.005},
+    "oracle": {"accuracy": 0.97, "cost_usd_per_question": 0.0005},
+    "task_routing_frontier": [{"accuracy": 0.60, "cost_usd_per_question": 0.0001},
+                              {"accuracy": 0.92, "cost_usd_per_question": 0.005}],
+}
+
+
+def test_the_conductor_table_averages_seeds_per_penalty_and_counts_the_goals_met(tmp_path):
+    paths = [
+        _run_summary(tmp_path / "p0s1", "usd_penalty", "0", 1, {"accuracy": 0.917, "cost_usd_per_question": 0.004}),
+        _run_summary(tmp_path / "p0s2", "usd_penalty", "0", 2, {"accuracy": 0.913, "cost_usd_per_question": 0.006}),
+        _run_summary(tmp_path / "p9s1", "usd_penalty", "9.5", 1, {"accuracy": 0.895, "cost_usd_per_question": 0.002}),
+        _run_summary(tmp_path / "p9s2", "usd_penalty", "9.5", 2, {"accuracy": 0.80, "cost_usd_per_question": 0.001}),
+    ]
+    table = program.conductor_table(program.conductor_runs(paths), REFERENCE)
+    assert [row["usd_penalty"] for row in table] == [0.0, 9.5]
+    zero, nine = table
+    assert zero["seeds"] == [1, 2]
+    assert zero["accuracy_mean"] == pytest.approx(0.915)
+    assert zero["accuracy_sd"] == pytest.approx(np.std([0.917, 0.913], ddof=1))
+    assert zero["cost_over_o1_mini"] == pytest.approx(1.25)
+    # 0.917 is within 0.5 points of 0.92, 0.913 is not; neither costs <= half of o1-mini's 0.004
+    assert zero["seeds_within_half_point_of_per_task_best"] == 1
+    assert zero["seeds_within_1_point_of_o1_mini_at_half_its_cost"] == 0
+    # 0.895 at 0.002 is within 1 point of 0.90 at exactly half the cost; 0.80 at 0.001 is 10 points below
+    assert nine["seeds_within_1_point_of_o1_mini_at_half_its_cost"] == 1
+    assert nine["cost_usd_per_question_mean"] == pytest.approx(0.0015)
+    text = program.conductor_markdown(table, REFERENCE)
+    assert "| 9.5 | 1, 2 | 84.75 ± 6.72 | 1.500 ± 0.707 | 0.375 | 0/2 | 1/2 |" in text
+
+
+def test_conductor_runs_refuse_another_sweep_and_a_summary_without_the_zeroeval_evaluation(tmp_path):
+    other = _run_summary(tmp_path / "lr", "learning_rate", "1e-4", 0, {"accuracy": 0.5, "cost_usd_per_question": 0.1})
+    with pytest.raises(ValueError, match="not a run of a --usd_penalty sweep"):
+        program.conductor_runs([other])
+    synthetic = _run_summary(tmp_path / "syn", "usd_penalty", "1", 0, {"average_accuracy": 0.5})
+    with pytest.raises(ValueError, match="no eval.accuracy and eval.cost_usd_per_question"):
+        program.conductor_runs([synthetic])
+    with pytest.raises(ValueError, match="matched no file"):
+        program.report_conductor({}, [], tmp_path, tmp_path / "f.png")
+
+
+def test_the_conductor_report_writes_its_table_and_a_png_of_the_frontier(tmp_path):
+    path = _run_summary(tmp_path / "run", "usd_penalty", "0", 100, {"accuracy": 0.91, "cost_usd_per_question": 0.003})
+    results = {"costs": {program.CONDUCTOR_SETTING: {"test": REFERENCE}},
+               "router": {"points": [{"usd_weight": 0.0, "accuracy": 0.9, "cost_usd_per_question": 0.004}]}}
+    text = program.report_conductor(results, [path], tmp_path, tmp_path / "frontier.png")
+    assert "| 0 | 100 | 91.00 ± 0.00 | 3.000 ± 0.000 | 0.750 | 0/1 | 0/1 |" in text
+    assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    recorded = json.loads((tmp_path / "conductor.json").read_text())
+    assert recorded["runs"] == [{"penalty": 0.0, "seed": 100, "accuracy": 0.91, "cost_usd_per_question": 0.003}]
