@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -20,6 +21,7 @@ from rollout.sglang_generator import (
     resolve_master_address,
     served_dtype,
 )
+from rl.pipeline import Pipeline, Round
 from rollout.transport import CHECKPOINT_WEIGHTS_FILE
 from rollout.types import SamplingParams
 from tests.rollout.fake_sglang import VOCAB, FakeSGLang
@@ -422,3 +424,53 @@ def test_auto_servers_get_the_dtype_of_the_model_config_and_a_named_dtype_wins(f
     fakes[1].server_args["dtype"] = "float16"
     with pytest.raises(SGLangError, match="different dtypes"):
         make_generator(urls, tmp_path, model_dir=str(model_dir))
+
+
+def test_the_pipeline_syncs_between_requests_and_each_group_names_the_version_that_sampled_it(fakes, tmp_path):
+    """The asynchronous pipeline (`rl.pipeline`) against the servers: a sync waits for the /generate in flight, so no
+    request meets a paused server (a pause aborts what is in flight), and each group's version, read under the
+    generator lock, is the weight_version the servers stamped on its rows."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    generator = make_generator([f.url for f in fakes], tmp_path, model_dir=str(model_dir), sequences_per_request=2)
+    weights = {"model.embed_tokens.weight": torch.zeros(3, 2)}
+    lock, version, position = threading.Lock(), [0], [0]
+
+    class World:
+        def prompt_ids(self, question):
+            return [question + 1, 2]
+
+        def score(self, questions, completions, contexts, sample_ids):
+            return [None] * len(questions)
+
+    def next_round():
+        position[0] += 2
+        return Round([position[0] - 2, position[0] - 1], list(range(8)), seed=position[0])
+
+    pipeline = Pipeline(
+        environment=World(), sampler=generator, sampling_params=SamplingParams(max_new_tokens=3), group_size=4,
+        groups_per_round=2, max_staleness=1, next_round=next_round, version=lambda: version[0], generator_lock=lock,
+    ).start()
+    groups = []
+    try:
+        for new_version in (1, 2, 3):
+            groups += [pipeline.next_group() for _ in range(2)]
+            with lock:  # what TrainingLoop._sync_weights does
+                generator.update_weights(weights, new_version)
+                version[0] = new_version
+            pipeline.release(2)
+        groups += [pipeline.next_group() for _ in range(2)]
+    finally:
+        pipeline.close()
+        generator.close()
+    for group in groups:
+        assert {c.policy_version for c in group.completions} == {group.policy_version}
+        assert {c.finish_reason for c in group.completions} == {"length"}
+    assert len({g.policy_version for g in groups}) >= 2  # the weights changed between samples
+    for fake in fakes:
+        paused = False
+        for path in fake.paths():
+            paused = {"/pause_generation": True, "/continue_generation": False}.get(path, paused)
+            assert not (paused and path == "/generate")
+
