@@ -1,12 +1,13 @@
 """The orchestration world's exact figures and the contextual UCB1 bandit's, per split (docs/orchestration-world.md).
 
-    python scripts/orchestration_world.py [--budget=1920] [--seeds=0,1,2,3,4,5,6,7,8,9]
+    python scripts/orchestration_world.py [--budget=1920] [--seeds=0,1,2,3,4,5,6,7,8,9] [--drawn_outcomes]
 
 With launch/configs/orchestration.cfg's world and reward, prints per split (train, validation, test): its pools, the
 mean exact expected reward of the best fixed workflow per pool, the best per (domain, pool) and the per-question
 optimum, the optimum's share of questions per access pattern, the optimum per (difficulty) in steps; then the bandit
 trained on the training split with `--budget` pulls, once per seed, scored exactly on each split (mean and 95% t
-interval over seeds, and the gap it closes). `launch.eval --methods=best_fixed,domain_optimum,optimum,bandit` gives
+interval over seeds, and the gap it closes). Each pull sees the arm's exact expected reward, as the recipe's
+`--expected_grades` run sees each sample's; `--drawn_outcomes`: a drawn right/wrong outcome instead. `launch.eval --methods=best_fixed,domain_optimum,optimum,bandit` gives
 the same figures through the env, one seed at a time.
 """
 
@@ -35,6 +36,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=int, default=1920)
     parser.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9")
+    parser.add_argument("--drawn_outcomes", action="store_true",
+                        help="each pull sees a drawn right/wrong outcome, as a run without --expected_grades would")
     args = parser.parse_args()
     seeds = [int(seed) for seed in args.seeds.split(",")]
     config = OrchestrationWorldConfig(answer_model=ANSWER_MODEL)
@@ -56,8 +59,11 @@ def main() -> None:
             steps[task.metadata["difficulty"]][len(world.orchestration.per_question(task).workflow.steps)] += 1
     print("\nper-question optimum's steps by difficulty (questions of all splits):",
           {difficulty: dict(sorted(counts.items())) for difficulty, counts in steps.items()})
-    problem = bandit.orchestration_problem(reference, load_tasks(dataclasses.replace(config, split="train")))
-    print(f"\ncontextual UCB1, {args.budget} pulls on the training split, seeds {args.seeds}")
+    problem = bandit.orchestration_problem(
+        reference, load_tasks(dataclasses.replace(config, split="train")), expected_grades=not args.drawn_outcomes
+    )
+    feedback = "a drawn outcome" if args.drawn_outcomes else "the exact expected reward (the recipe's)"
+    print(f"\ncontextual UCB1, {args.budget} pulls on the training split, each seeing {feedback}, seeds {args.seeds}")
     print("| split | mean exact reward | 95% interval | gap closed | contexts seen / in split |")
     print("|---|---|---|---|---|")
     rewards: dict[str, list[float]] = collections.defaultdict(list)
