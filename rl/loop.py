@@ -79,7 +79,9 @@ class Environment(Protocol):
     """The environment as the loop sees it: questions by index, prompts as token ids, scored completions.
     `question_labels` (a label per question, e.g. its task) is needed only by `LoopConfig.stratify_questions`, by
     estimators that take labels (grpo's `std_scaling="label"`), by transforms that read them and by auxiliary terms
-    that read the row label `QUESTION_LABEL`."""
+    that read the row label `QUESTION_LABEL`. The asynchronous pipeline (`LoopConfig.max_staleness`) scores each
+    group on its event loop with `score_async(questions, completions, contexts, sample_ids)`, a coroutine taking and
+    returning what `score` does, where the environment has one (else `score`, from several threads at once)."""
 
     num_questions: int
     question_labels: Sequence[str] | None
