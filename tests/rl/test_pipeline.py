@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from rl.checkpoint import Checkpointer
 from rl.learner import LearnerConfig
 from rl.loop import LoopConfig, Rollout, TrainingLoop, question_order
 from rl.losses import LossConfig
@@ -264,7 +265,7 @@ class HoldFirstGroup(GatedWorld):
         return super().score(questions, completions, contexts, sample_ids)
 
 
-def run_loop(world, *, iterations, max_staleness, sampler, learner, tmp_path=None, on_sync=None):
+def run_loop(world, *, iterations, max_staleness, sampler, learner, tmp_path=None, on_sync=None, checkpointer=None):
     syncs = []
 
     def weight_sync(model, version):
@@ -277,7 +278,7 @@ def run_loop(world, *, iterations, max_staleness, sampler, learner, tmp_path=Non
         LoopConfig(iterations=iterations, questions_per_iteration=2, group_size=4, length_buckets=(16,),
                    max_staleness=max_staleness, checkpoint_every=0),
         learner=learner, sampler=sampler, sampling_params=SamplingParams(max_new_tokens=3), weight_sync=weight_sync,
-        environment=world, pad_id=0, writer=MetricsWriter(tmp_path) if tmp_path else None,
+        environment=world, pad_id=0, writer=MetricsWriter(tmp_path) if tmp_path else None, checkpointer=checkpointer,
     )
     return loop, loop.run(), syncs
 
@@ -361,3 +362,21 @@ def test_bad_max_staleness_settings_are_rejected():
         loop(LearnerConfig())  # recompute, no mismatch correction: stale rows would pass for the learner's own
     loop(LearnerConfig(loss=LossConfig(mismatch_correction="tis-token")))
     loop(LearnerConfig(old_logprobs="sampler"))
+
+
+def test_a_resumed_pipeline_samples_on_from_the_checkpoints_data_position(tmp_path):
+    world = GatedWorld()
+    world.open = True
+    checkpointer = Checkpointer(tmp_path / "ckpt", keep=2)
+    first, _, _ = run_loop(world, iterations=2, max_staleness=1, sampler=VersionedSampler(),
+                           learner=sampler_learner(), checkpointer=checkpointer)
+    saved = first.loop_state()
+    # Rounds sampled ahead of the last update were never trained; the resumed run does not sample them again.
+    assert saved["data_position"] >= 2 * 2 and saved["next_sample_id"] == 4 * saved["data_position"]
+    sampler = VersionedSampler()
+    resumed, history, syncs = run_loop(world, iterations=4, max_staleness=1, sampler=sampler,
+                                       learner=sampler_learner(seed=1), checkpointer=checkpointer)
+    assert syncs[:3] == [2, 3, 4] and resumed.iteration == 4 and len(history) == 2
+    assert [seed for _, seed, _ in sampler.calls][:2] == [
+        round_seed(0, saved["data_position"]), round_seed(0, saved["data_position"] + 2)
+    ]
