@@ -60,7 +60,7 @@ _SPLIT_SEED = flags.DEFINE_integer(
     "split_seed", 0, "Seed of the train/test split (env.tasks.zeroeval).", flag_values=ZEROEVAL_FLAGS
 )
 _RESULTS = flags.DEFINE_string(
-    "results", None, "An earlier run's results.json: with --conductor_runs, its reference points are used as they are.",
+    "results", None, "An earlier run's results.json: with --conductor_runs, its reference points are read from it.",
     flag_values=ZEROEVAL_FLAGS,
 )
 _CONDUCTOR_RUNS = flags.DEFINE_list(
@@ -290,8 +290,8 @@ def conductor_markdown(table: Sequence[dict], reference: dict) -> str:
 def frontier_figure(reference: dict, router: Sequence[dict], runs: Sequence[ConductorRun],
                     path: pathlib.Path) -> None:
     """Accuracy against $ per 1,000 questions (log scale): each model alone, the exact task-routing frontier, the
-    text router's ceiling, the per-question oracle, the goal's region (within 1 point of o1-mini at no more than half its cost) and each
-    Conductor run, coloured by its --usd_penalty, with the mean over its seeds as a star."""
+    text router's ceiling, the per-question oracle, the goal's region (within 1 point of o1-mini at no more than half
+    its cost) and each Conductor run, coloured by its --usd_penalty, with the mean over its seeds as a star."""
     import matplotlib  # only this mode draws; the rest of the program runs without a display
 
     matplotlib.use("Agg")
