@@ -8,23 +8,8 @@ import pytest
 from flax import nnx
 
 from conductor.supervised import TaskProbe, probe_cross_entropy
-from models.config import ModelConfig
-from models.transformer import Transformer
-from rl.learner import OptimizerConfig
 from rl.supervised import Example, SFTConfig, SupervisedTrainer, marked_states
-from tests.tiny_models import tiny_config
-
-CONFIG = ModelConfig.from_hf(tiny_config("llama"))
-OPTIMIZER = OptimizerConfig(learning_rate=3e-3, schedule="constant", total_steps=1)
-
-
-def _model(seed: int = 0) -> Transformer:
-    return Transformer(CONFIG, rngs=nnx.Rngs(seed))
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+from tests.supervised_helpers import OPTIMIZER, log_softmax, tiny_model
 
 
 def test_probe_cross_entropy_matches_numpy_and_skips_unlabelled_rows():
@@ -37,7 +22,7 @@ def test_probe_cross_entropy_matches_numpy_and_skips_unlabelled_rows():
     loss, accuracy = probe_cross_entropy(probe, states, jnp.asarray(labels))
 
     logits = hidden[np.arange(4), positions] @ probe["kernel"] + probe["bias"]
-    logp = _log_softmax(logits.astype(np.float64))
+    logp = log_softmax(logits.astype(np.float64))
     labelled = labels >= 0
     expected_loss = -logp[labelled, labels[labelled]].mean()
     expected_accuracy = (logits.argmax(-1) == labels)[labelled].mean()
@@ -53,7 +38,7 @@ def test_decision_probe_learns_the_label_from_the_prompt_while_the_target_stays_
         for label in range(4)
         for _ in range(2)
     ]
-    model = _model()
+    model = tiny_model()
     config = SFTConfig(optimizer=OPTIMIZER, batch_size=8, head=TaskProbe(4, 1.0))
     trainer = SupervisedTrainer(model, config)
     before = {name: np.asarray(value).copy() for name, value in trainer.head_params.items()}
@@ -76,9 +61,9 @@ def test_decision_probe_learns_the_label_from_the_prompt_while_the_target_stays_
 
 def test_the_probe_gradient_reaches_the_model_only_when_the_probe_is_on():
     examples = [Example((3 + label, 40, 41), (20, 21, 2), probe_index=1, probe_label=label) for label in range(2)]
-    plain = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, batch_size=2))
+    plain = SupervisedTrainer(tiny_model(), SFTConfig(optimizer=OPTIMIZER, batch_size=2))
     probed_config = SFTConfig(optimizer=OPTIMIZER, batch_size=2, head=TaskProbe(2, 5.0))
-    probed = SupervisedTrainer(_model(), probed_config)
+    probed = SupervisedTrainer(tiny_model(), probed_config)
     plain.fit(examples, steps=1, pad_id=0)
     probed.fit(examples, steps=1, pad_id=0)
     plain_params = jax.tree.leaves(nnx.state(plain.model, nnx.Param))
@@ -96,7 +81,7 @@ def test_decorrelation_drives_the_tasks_decision_states_apart_and_the_loss_leave
 
     def overlap_after(decorrelation_weight: float) -> tuple[float, float]:
         config = SFTConfig(optimizer=OPTIMIZER, batch_size=8, head=TaskProbe(4, 0.1, decorrelation_weight))
-        history = SupervisedTrainer(_model(), config).fit(examples, steps=60, pad_id=0)
+        history = SupervisedTrainer(tiny_model(), config).fit(examples, steps=60, pad_id=0)
         return history[0]["state_overlap"], history[-1]["state_overlap"]
 
     plain_first, plain_last = overlap_after(0.0)
@@ -110,7 +95,7 @@ def test_decorrelation_drives_the_tasks_decision_states_apart_and_the_loss_leave
 def test_batches_missing_some_tasks_train_to_finite_parameters(decorrelation_weight):
     examples = [Example((3 + label, 40, 41), (20, 21, 2), probe_index=1, probe_label=label) for label in range(4)]
     config = SFTConfig(optimizer=OPTIMIZER, batch_size=2, head=TaskProbe(4, 0.1, decorrelation_weight))
-    trainer = SupervisedTrainer(_model(), config)
+    trainer = SupervisedTrainer(tiny_model(), config)
     history = trainer.fit(examples, steps=3, pad_id=0)
     assert all(np.isfinite(list(step.values())).all() for step in history)
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(nnx.state(trainer.model, nnx.Param)))
@@ -126,6 +111,6 @@ def test_bad_probes_are_rejected(args):
 
 
 def test_the_probes_labels_are_checked():
-    trainer = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, head=TaskProbe(2, 1.0)))
+    trainer = SupervisedTrainer(tiny_model(), SFTConfig(optimizer=OPTIMIZER, head=TaskProbe(2, 1.0)))
     with pytest.raises(ValueError, match=r"probe labels \[2\] outside \[0, 2\)"):
         trainer.fit([Example((1,), (2, 3), probe_index=0, probe_label=2)], steps=1, pad_id=0)

@@ -7,7 +7,6 @@ import concurrent.futures
 import dataclasses
 import json
 import math
-import os
 import random
 import shutil
 import subprocess
@@ -245,16 +244,7 @@ def nobody():
 
 
 def _runner(user: str, layer: str, request):
-    if user == "root":
-        if os.getuid() != 0:
-            pytest.skip("this process is not root")
-        if not sandbox.layer_works(layer):
-            pytest.skip(f"the {layer} layer does not work here (is it installed?)")
-        return None
-    grader, layers = request.getfixturevalue("nobody")
-    if not layers[layer]:
-        pytest.skip(f"the {layer} layer does not work here for an unprivileged user")
-    return grader
+    return unprivileged.for_user(user, layer, lambda: request.getfixturevalue("nobody"))
 
 
 @pytest.mark.parametrize("layer", KERNEL_LAYERS)

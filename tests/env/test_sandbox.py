@@ -180,29 +180,10 @@ def test_api_key_in_our_environment_is_unreadable(leaves_nothing_behind, monkeyp
     assert _scores(program, "anything\n") == 0.0
 
 
-def test_opening_a_socket_to_a_live_local_server_fails(leaves_nothing_behind):
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.2)
-    port = server.getsockname()[1]
-    accepted = []
-    done = threading.Event()
-
-    def accept_for_a_while():
-        while not done.is_set():
-            try:
-                accepted.append(server.accept())
-            except (socket.timeout, OSError):
-                continue
-
-    listener = threading.Thread(target=accept_for_a_while)
-    listener.start()
-    try:
-        program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('ok')"
-        assert _scores(program) == 0.0
-    finally:
-        done.set()
-        listener.join()
-        server.close()
+def test_opening_a_socket_to_a_live_local_server_fails(leaves_nothing_behind, live_server):
+    port, accepted = live_server
+    program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('ok')"
+    assert _scores(program) == 0.0
     assert accepted == []
 
 
@@ -558,16 +539,9 @@ def live_server():
 
 
 def _runner_for(user: str, layer: str, request):
-    """None for root (this process), else the unprivileged runner; skips where `layer` does not work for `user`."""
-    if user == "root":
-        if os.getuid() != 0:
-            pytest.skip("this process is not root")
-        if not sandbox.layer_works(layer):
-            pytest.skip(f"the {layer} layer does not work here (is it installed?)")
-        return None
-    if not request.getfixturevalue("nobody_layers")[layer]:
-        pytest.skip(f"the {layer} layer does not work here for an unprivileged user (is it installed?)")
-    return request.getfixturevalue("nobody")
+    return unprivileged.for_user(
+        user, layer, lambda: (request.getfixturevalue("nobody"), request.getfixturevalue("nobody_layers"))
+    )
 
 
 def _run_jobs(runner, jobs: list[SandboxJob], layer: str) -> list[sandbox.SandboxResult]:

@@ -12,7 +12,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+import pytest
 
 from env.tasks import sandbox
 from env.tasks.sandbox import SandboxLimits, SandboxResult
@@ -105,6 +107,22 @@ def start(environment: Mapping[str, str] | None = None) -> tuple[Unprivileged | 
 
 def stop(runner: Unprivileged) -> None:
     shutil.rmtree(runner.directory, ignore_errors=True)
+
+
+def for_user(user: str, layer: str, unprivileged: Callable[[], tuple[Any, Mapping[str, bool]]]) -> Any:
+    """What a test runs `layer` through as `user`: None for root (this process itself), else the first of what
+    `unprivileged()` gives, with which layers work for nobody as the second (called only then, so a root-only run
+    starts no driver). Skips where `layer` does not work for `user`."""
+    if user == "root":
+        if os.getuid() != 0:
+            pytest.skip("this process is not root")
+        if not sandbox.layer_works(layer):
+            pytest.skip(f"the {layer} layer does not work here (is it installed?)")
+        return None
+    runner, layers = unprivileged()
+    if not layers[layer]:
+        pytest.skip(f"the {layer} layer does not work here for an unprivileged user (is it installed?)")
+    return runner
 
 
 def _runs_as_nobody(python: str) -> bool:

@@ -4,24 +4,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models.config import ModelConfig
-from models.transformer import Transformer
-from rl.learner import OptimizerConfig
 from rl.supervised import Example, SFTConfig, SupervisedTrainer, marked_states, negative_log_likelihood
 from tests.rl.helpers import SGDConfig, assert_same_sgd_state
-from tests.tiny_models import tiny_config
-
-CONFIG = ModelConfig.from_hf(tiny_config("llama"))
-OPTIMIZER = OptimizerConfig(learning_rate=3e-3, schedule="constant", total_steps=1)
-
-
-def _model(seed: int = 0) -> Transformer:
-    return Transformer(CONFIG, rngs=nnx.Rngs(seed))
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+from tests.supervised_helpers import OPTIMIZER, log_softmax, tiny_model
 
 
 @pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (0.5, 2.0, 0.0)])
@@ -31,14 +16,14 @@ def test_nll_is_the_weighted_sum_over_completion_tokens_of_the_full_vocabulary_l
         Example(tuple(rng.integers(3, 256, size=p)), tuple(rng.integers(3, 256, size=c)), weight=w)
         for (p, c), w in zip(((5, 3), (9, 7), (2, 1)), weights)
     ]
-    model = _model()
+    model = tiny_model()
     trainer = SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, logprob_chunk_size=4))
     batch = trainer.batch(examples, pad_id=0)
     hidden = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask))
     predicting = hidden[:, batch.completion_start - 1 : -1]
     nll = negative_log_likelihood(model, predicting, jax.tree.map(jnp.asarray, batch), chunk_size=4)
 
-    logprobs = _log_softmax(np.asarray(model.logits(hidden), np.float64))
+    logprobs = log_softmax(np.asarray(model.logits(hidden), np.float64))
     expected, token_weights = [], []
     for row, example in enumerate(examples):
         for offset, token in enumerate(example.completion_ids):
@@ -55,7 +40,7 @@ def test_weighted_fit_imitates_each_completion_in_proportion_to_its_weight(batch
     # Reward-weighted regression's optimum: one prompt, two answers weighted 3:1 -> probabilities 0.75 : 0.25.
     first, second, eos = 10, 11, 2
     examples = [Example((5, 6, 7), (first, eos), weight=0.6), Example((5, 6, 7), (second, eos), weight=0.2)]
-    model = _model()
+    model = tiny_model()
     SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, batch_size=batch_size)).fit(examples, steps, pad_id=0)
     tokens = jnp.asarray([[5, 6, 7]])
     hidden = model(tokens, jnp.arange(3)[None], jnp.ones((1, 3), bool))
@@ -66,7 +51,7 @@ def test_weighted_fit_imitates_each_completion_in_proportion_to_its_weight(batch
 
 def test_fit_lowers_the_nll_of_the_teacher_completion():
     examples = [Example((5, 6, 7, 8), (10, 11, 12, 2)), Example((9, 6, 7), (10, 11, 12, 2))]
-    trainer = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, batch_size=2))
+    trainer = SupervisedTrainer(tiny_model(), SFTConfig(optimizer=OPTIMIZER, batch_size=2))
     history = trainer.fit(examples, steps=30, pad_id=0)
     assert history[0]["nll"] > 3.0
     assert history[-1]["nll"] < 0.1 * history[0]["nll"]
@@ -86,7 +71,7 @@ def _routes(prompts: int, routes: int, seed: int) -> list[Example]:
 
 def test_a_prompts_examples_are_shuffled_as_one_unit_and_batched_whole():
     examples = _routes(prompts=6, routes=4, seed=0)
-    trainer = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, batch_size=8))
+    trainer = SupervisedTrainer(tiny_model(), SFTConfig(optimizer=OPTIMIZER, batch_size=8))
     batches = []
     trainer._fit_step = lambda chosen, pad_id: batches.append(chosen) or {"nll": 0.0}
     trainer.fit(examples, steps=6, pad_id=0)
@@ -105,13 +90,13 @@ def test_steps_with_a_shared_prompt_encoding_equal_steps_on_full_rows():
     # SGD: the two encodings sum the gradients in other orders, which AdamW would lift to steps of order lr.
     optimizer = SGDConfig(learning_rate=1e-2, schedule="constant", total_steps=1)
     shared, full = (
-        SupervisedTrainer(_model(), SFTConfig(optimizer=optimizer, batch_size=8, share_prompts=share))
+        SupervisedTrainer(tiny_model(), SFTConfig(optimizer=optimizer, batch_size=8, share_prompts=share))
         for share in (True, False)
     )
     shared_history = shared.fit(examples, steps=4, pad_id=0)
     full_history = full.fit(examples, steps=4, pad_id=0)
     np.testing.assert_allclose([h["nll"] for h in shared_history], [h["nll"] for h in full_history], rtol=1e-5)
-    start, trained = (jax.tree.leaves(nnx.state(model, nnx.Param)) for model in (_model(), full.model))
+    start, trained = (jax.tree.leaves(nnx.state(model, nnx.Param)) for model in (tiny_model(), full.model))
     assert max(float(jnp.abs(a - b).max()) for a, b in zip(trained, start)) > 1e-3  # the steps did move the model
     assert_same_sgd_state(
         (nnx.state(shared.model, nnx.Param), shared.opt_state), (nnx.state(full.model, nnx.Param), full.opt_state),
@@ -136,7 +121,7 @@ def test_bad_examples_are_rejected():
         Example((1,), (2, 3), probe_index=1)
     with pytest.raises(ValueError, match="outside"):
         Example((1,), (2, 3), probe_index=2, probe_label=0)
-    trainer = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER))
+    trainer = SupervisedTrainer(tiny_model(), SFTConfig(optimizer=OPTIMIZER))
     with pytest.raises(ValueError, match="no supervised examples"):
         trainer.fit([], steps=1, pad_id=0)
     for weight in (-0.5, float("nan")):
@@ -167,11 +152,11 @@ class MeanStateHead:
 def test_a_head_trains_its_own_parameters_on_the_marked_states_beside_the_nll():
     examples = [Example((3 + label, 40, 41), (20, 21, 2), probe_index=1, probe_label=label) for label in range(2)]
     optimizer = SGDConfig(learning_rate=1e-2, schedule="constant", total_steps=1, max_grad_norm=None)
-    plain = SupervisedTrainer(_model(), SFTConfig(optimizer=optimizer, batch_size=2))
-    headed = SupervisedTrainer(_model(), SFTConfig(optimizer=optimizer, batch_size=2, head=MeanStateHead()))
+    plain = SupervisedTrainer(tiny_model(), SFTConfig(optimizer=optimizer, batch_size=2))
+    headed = SupervisedTrainer(tiny_model(), SFTConfig(optimizer=optimizer, batch_size=2, head=MeanStateHead()))
     [plain_step], [step] = plain.fit(examples, steps=1, pad_id=0), headed.fit(examples, steps=1, pad_id=0)
 
-    model = _model()
+    model = tiny_model()
     batch = headed.batch(examples, pad_id=0)
     hidden = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask))
     # The state that predicts completion token 1 sits at column completion_start (the token before it).
@@ -192,7 +177,7 @@ def test_a_head_trains_its_own_parameters_on_the_marked_states_beside_the_nll():
 
 
 def test_a_heads_inputs_are_checked():
-    trainer = SupervisedTrainer(_model(), SFTConfig(optimizer=OPTIMIZER, head=MeanStateHead()))
+    trainer = SupervisedTrainer(tiny_model(), SFTConfig(optimizer=OPTIMIZER, head=MeanStateHead()))
     with pytest.raises(ValueError, match="no example has a probe label"):
         trainer.fit([Example((1,), (2, 3))], steps=1, pad_id=0)
     with pytest.raises(ValueError, match="outside"):
