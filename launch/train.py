@@ -173,6 +173,8 @@ def main(argv: list[str]) -> None:
         # The whole run's iterations, not this process's: a resumed run's own are only its last ones.
         first, last = first_and_last_fifth([record["reward/mean"] for record in read_metrics(log_dir)])
         summary["reward_first_fifth"], summary["reward_last_fifth"] = first, last
+        # This process's own: a resumed run compiles its programs afresh in its first iterations.
+        summary["xla_compiles_after_iteration_3"] = int(sum(scalars["compile/programs"] for scalars in history[3:]))
     if env.world.oracle is not None:
         summary["oracle_expected_reward"] = env.world.oracle.expected_reward
     if _FORMAT_CHECK_QUESTIONS.value:

@@ -32,14 +32,14 @@ import logging
 import pickle
 import threading
 import time
-from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Hashable, Literal, Mapping, Protocol, Sequence, get_args
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
 from rl import advantages as advantage_estimators
-from rl import trajectories
+from rl import compiles, trajectories
 from rl.checkpoint import Checkpointer
 from rl.learner import Learner
 from rl.metrics import MetricsWriter
@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 # The row label (`rl.trajectories.Trajectories.row_labels`) the loop fills from the environment's question labels:
 # each row's question's label, numbered in sorted order.
 QUESTION_LABEL = "question"
+
+# What becomes of a group whose rewards all agree (`LoopConfig`): it trains ("off"), it is masked out of the loss
+# ("mask"), or it is masked and more questions are sampled to take its place ("backfill").
+DynamicSampling = Literal["off", "mask", "backfill"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,23 +121,26 @@ class LoopConfig:
 
     questions_per_iteration x group_size completions are sampled per iteration. `estimator` names an entry of
     `rl.advantages.ESTIMATORS`, and `estimator_options` are its options (`rl.advantages.check_options`). With
-    `dynamic_sampling`, groups whose rewards all agree carry no learning signal and are masked out of the loss, so
-    they leave its denominators too (the learner does not run rows without loss tokens,
-    `LearnerConfig.skip_zero_gradient_rows`). With `recursion_rounds` N > 0, each completion the environment
-    gives a follow-up prompt gets another Conductor round on its result, up to N more rounds: an episode is a
-    first-round completion and the rounds that follow it. The environment's reward of an episode's last round is the
-    episode's (the environment blends in the earlier rounds' rewards, discounted, so the reward is defined once, in
-    `env.rewards`, and the env and the evaluation credit an episode the same), and every round of the episode trains
-    on it. A round is grouped with the same round of its question's other episodes; one alone in its group takes its
+    `dynamic_sampling` "mask", groups whose rewards all agree carry no learning signal and are masked out of the loss,
+    so they leave its denominators too (the learner does not run rows without loss tokens,
+    `LearnerConfig.skip_zero_gradient_rows`). With "backfill" they are masked too, and the iteration samples the next
+    `questions_per_iteration` questions of the stream again, up to `max_sampling_rounds` sampling rounds in all, until
+    that many groups' rewards differ; the batch takes those groups in the order they were sampled (later ones are
+    dropped), and when the rounds run out, the earliest agreeing groups, masked, fill it up to `questions_per_iteration`
+    groups (`backfilled_groups`), so the batch's row count never changes. With `recursion_rounds` N > 0, each completion
+    the environment gives a follow-up prompt gets another Conductor round on its result, up to N more rounds: an episode
+    is a first-round completion and the rounds that follow it. The environment's reward of an episode's last round is
+    the episode's (the environment blends in the earlier rounds' rewards, discounted, so the reward is defined once, in
+    `env.rewards`, and the env and the evaluation credit an episode the same), and every round of the episode trains on
+    it. A round is grouped with the same round of its question's other episodes; one alone in its group takes its
     episode's first-round advantage (`rl.advantages.credit_lone_later_rounds`). With `stratify_questions`, each
-    iteration's questions take the environment's `question_labels` in turn. Where the environment has those labels,
-    each completion's (its question's) reaches the estimator as its label. `advantage_transforms` then run in order
+    iteration's questions take the environment's `question_labels` in turn. Where the environment has those labels, each
+    completion's (its question's) reaches the estimator as its label. `advantage_transforms` then run in order
     (`rl.advantages.apply_transforms`), on every row with the rollouts' labels and marked tokens. When the learner's
-    loss has auxiliary terms, each row goes to it with the token positions and row labels they read: a position is
-    the first of the rollout's marked tokens of that name (-1 without one), the row label `QUESTION_LABEL` its
-    question's label (numbered in sorted order), any other the rollout's label of that name (-1 without one).
-    `headline_metrics` are the per-rollout metrics the one-line progress report shows, when the environment reports
-    them.
+    loss has auxiliary terms, each row goes to it with the token positions and row labels they read: a position is the
+    first of the rollout's marked tokens of that name (-1 without one), the row label `QUESTION_LABEL` its question's
+    label (numbered in sorted order), any other the rollout's label of that name (-1 without one). `headline_metrics`
+    are the per-rollout metrics the one-line progress report shows, when the environment reports them.
 
     `max_staleness` K: 0 runs sample -> execute -> score -> learn -> sync strictly in turn. K >= 1 runs the
     asynchronous pipeline (`rl.pipeline`): the next batches are sampled, executed and scored while the learner updates;
@@ -147,7 +154,8 @@ class LoopConfig:
     group_size: int = 8
     estimator: str = "grpo"
     estimator_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    dynamic_sampling: bool = False
+    dynamic_sampling: DynamicSampling = "off"
+    max_sampling_rounds: int = 4
     advantage_transforms: tuple[advantage_estimators.TransformConfig, ...] = ()
     recursion_rounds: int = 0
     stratify_questions: bool = False
@@ -171,6 +179,12 @@ class LoopConfig:
                 f"unknown estimator {self.estimator!r}; choose one of {sorted(advantage_estimators.ESTIMATORS)}"
             )
         advantage_estimators.check_options(self.estimator, self.estimator_options)
+        if self.dynamic_sampling not in get_args(DynamicSampling):
+            raise ValueError(
+                f"LoopConfig.dynamic_sampling must be one of {get_args(DynamicSampling)}, got {self.dynamic_sampling!r}"
+            )
+        if self.max_sampling_rounds < 1:
+            raise ValueError(f"LoopConfig.max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
         if self.checkpoint_every < 0:
             raise ValueError(f"LoopConfig.checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}")
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
@@ -220,6 +234,17 @@ def question_order(
         rng_seed = [seed, epoch] if labels is None else [seed, epoch, pool_index]
         order.append(pool[int(np.random.default_rng(rng_seed).permutation(len(pool))[offset])])
     return order
+
+
+def backfilled_groups(rewards_differ: Sequence[Sequence[bool]], groups: int) -> list[tuple[int, int]]:
+    """The groups of a backfilled batch (`LoopConfig.dynamic_sampling`), as (sampling round, group of that round):
+    the first `groups` groups whose rewards differ, in sampling order, then, while the batch is short, the earliest
+    groups whose rewards agree. `rewards_differ[r][g]`: whether group g of sampling round r has rewards that differ."""
+    differ = [(r, g) for r, flags in enumerate(rewards_differ) for g, flag in enumerate(flags) if flag]
+    agree = [(r, g) for r, flags in enumerate(rewards_differ) for g, flag in enumerate(flags) if not flag]
+    if len(differ) + len(agree) < groups:
+        raise ValueError(f"{len(differ) + len(agree)} groups sampled cannot fill a batch of {groups}")
+    return (differ + agree)[:groups]
 
 
 @dataclasses.dataclass
@@ -275,6 +300,7 @@ class TrainingLoop:
                 "max_staleness >= 1 trains rows sampled under earlier weights, so the sampler must be the behaviour "
                 "policy: old_logprobs='sampler', or a mismatch_correction (e.g. 'tis-token') with 'recompute'"
             )
+        self._compiles = compiles.totals()  # at the end of the last iteration: each logs what it compiled since
         if config.questions_per_iteration % jax.process_count():
             raise ValueError(
                 f"questions_per_iteration {config.questions_per_iteration} does not split over {jax.process_count()} "
@@ -355,13 +381,11 @@ class TrainingLoop:
         times["score"] = times.get("score", 0.0) + time.perf_counter() - scored
         return _Sampled(row_questions, group_ids, completions, rollouts)
 
-    def run_iteration(self) -> dict[str, float]:
-        """One iteration; returns the scalars it logged."""
+    def _sample_groups(self, position: int, times: dict[str, float]) -> list[_Sampled]:
+        """Every round of the episodes of questions `position ..` of the stream, one group per question, sampled,
+        scored and gathered from every process."""
         config = self.config
-        times: dict[str, float] = {}
-        started = time.perf_counter()
-
-        questions = question_order(self.environment.num_questions, config.seed, self.data_position,
+        questions = question_order(self.environment.num_questions, config.seed, position,
                                    config.questions_per_iteration,
                                    self._question_labels if config.stratify_questions else None)
         share = config.questions_per_iteration // jax.process_count()
@@ -375,24 +399,39 @@ class TrainingLoop:
         for _ in range(config.recursion_rounds):
             if not self._recursion_round(rounds, times):
                 break
-        rounds = _gathered(rounds)
-        self.data_position += config.questions_per_iteration
-        return self._learn(rounds, times, started)
+        return _gathered(rounds)
 
-    def _learn(self, rounds: list[_Sampled], times: dict[str, float], started: float, *, sampled_by_current_weights: bool = True,
+    def run_iteration(self) -> dict[str, float]:
+        """One iteration; returns the scalars it logged."""
+        config = self.config
+        times: dict[str, float] = {}
+        started = time.perf_counter()
+        sampled = [self._sample_groups(self.data_position, times)]
+        rounds = sampled[0]
+        if config.dynamic_sampling == "backfill":
+            rewards_differ = [_rewards_differ(rounds, config.group_size)]
+            while (sum(map(np.sum, rewards_differ)) < config.questions_per_iteration
+                   and len(sampled) < config.max_sampling_rounds):
+                position = self.data_position + len(sampled) * config.questions_per_iteration
+                sampled.append(self._sample_groups(position, times))
+                rewards_differ.append(_rewards_differ(sampled[-1], config.group_size))
+            chosen = backfilled_groups(rewards_differ, config.questions_per_iteration)
+            rounds = _regrouped(sampled, chosen, config.group_size, config.questions_per_iteration)
+        self.data_position += config.questions_per_iteration * len(sampled)
+        return self._learn(rounds, times, started, sampled=sampled)
+
+    def _learn(self, rounds: list[_Sampled], times: dict[str, float], started: float,
+               sampled: list[list[_Sampled]] | None = None, *, sampled_by_current_weights: bool = True,
                pipeline_scalars: Mapping[str, float] | None = None) -> dict[str, float]:
         """Trains on an iteration's rows (every process's, round by round), syncs the new weights, logs; returns the
         scalars it logged. `started` is when the iteration began (`time.perf_counter()`). `sampled_by_current_weights`
-        goes to `Learner.update`; `pipeline_scalars` (`async/*`) join the logged scalars."""
+        goes to `Learner.update`; `pipeline_scalars` (`async/*`) join the logged scalars. `sampled`: every sampling
+        round's rounds the batch was chosen from (backfill, `LoopConfig.dynamic_sampling`; None: `rounds` alone)."""
         config = self.config
         rows = [(s, i) for s in rounds for i in range(len(s.completions))]
         completions = [s.completions[i] for s, i in rows]
         episodes = np.asarray([s.episodes[i] for s, i in rows])
-        # An episode's reward is its last round's (the environment blends the earlier rounds' into it); rounds are in
-        # order.
-        episode_rewards = np.zeros(len(rounds[0].completions))
-        for s, i in rows:
-            episode_rewards[s.episodes[i]] = s.rollouts[i].reward
+        episode_rewards = _episode_rewards(rounds)
         rewards_array = episode_rewards[episodes]
         group_ids = np.asarray([s.group_ids[i] for s, i in rows], dtype=np.int32)
         lengths = np.asarray([len(c.completion_ids) for c in completions], dtype=np.float32)
@@ -423,7 +462,7 @@ class TrainingLoop:
                 ),
             )
         keep, dropped_groups = np.ones(len(rows), dtype=bool), 0
-        if config.dynamic_sampling:
+        if config.dynamic_sampling != "off":
             keep, dropped_groups = advantage_estimators.zero_variance_groups(rewards_array, group_ids)
             keep = advantage_estimators.credit_lone_later_rounds(keep, group_ids, episodes)
 
@@ -459,9 +498,15 @@ class TrainingLoop:
         self.iteration += 1
         times["iteration"] = time.perf_counter() - started
         trained = keep & (advantages != 0)
+        sampled_rewards = np.concatenate([_episode_rewards(s) for s in sampled or [rounds]])
         scalars.update(
-            self._rollout_scalars(rounds, episode_rewards, advantages, trained, dropped_groups, times)
+            self._rollout_scalars(rounds, sampled_rewards, advantages, trained, dropped_groups, times)
         )
+        scalars["dynamic_sampling/oversampling"] = float(len(sampled or [rounds]))
+        compiled_by_now = compiles.totals()
+        compiled, self._compiles = compiled_by_now - self._compiles, compiled_by_now
+        scalars.update({"compile/programs": float(compiled.programs), "compile/cache_hits": float(compiled.cache_hits),
+                        "compile/seconds": compiled.seconds})
         scalars.update(pipeline_scalars or {})
         self._log(rounds, rewards_array, advantages, scalars)
         return scalars
@@ -516,13 +561,14 @@ class TrainingLoop:
 
     # -- reporting ----------------------------------------------------------------------------------------------
 
-    def _rollout_scalars(self, rounds, episode_rewards, advantages, trained, dropped_groups, times) -> dict[str, float]:
-        """`episode_rewards`: one per episode; `advantages` and `trained` (the row has a loss with a gradient): one
-        per row of the batch, round by round."""
+    def _rollout_scalars(self, rounds, sampled_rewards, advantages, trained, dropped_groups, times) -> dict[str, float]:
+        """`sampled_rewards`: one per episode the iteration sampled (with backfill, those of the groups left out of
+        the batch too, so the reward stays the policy's on the question stream); `advantages` and `trained` (the row
+        has a loss with a gradient): one per row of the batch, round by round."""
         first = rounds[0]
         scalars = {
-            "reward/mean": float(episode_rewards.mean()),
-            "reward/std": float(episode_rewards.std()),
+            "reward/mean": float(sampled_rewards.mean()),
+            "reward/std": float(sampled_rewards.std()),
             "reward/first_round_mean": float(np.mean([r.reward for r in first.rollouts])),
             "advantage/abs_mean": float(np.abs(advantages).mean()),
             "completion/tokens": float(np.mean([len(c.completion_ids) for c in first.completions])),
@@ -695,6 +741,47 @@ class TrainingLoop:
                              pipeline_scalars=scalars)
         pipeline.release(len(groups))
         return result
+
+
+def _episode_rewards(rounds: list[_Sampled]) -> np.ndarray:
+    """One reward per episode: its last round's (the environment blends the earlier rounds' into it)."""
+    rewards = np.zeros(len(rounds[0].completions))
+    for sampled in rounds:  # in round order, so a later round's reward replaces an earlier one's
+        for rollout, episode in zip(sampled.rollouts, sampled.episodes):
+            rewards[episode] = rollout.reward
+    return rewards
+
+
+def _rewards_differ(rounds: list[_Sampled], group_size: int) -> np.ndarray:
+    """[groups] bool: whether the episode rewards of each first-round group (`group_size` consecutive episodes)
+    differ."""
+    rewards = _episode_rewards(rounds).reshape(-1, group_size)
+    return rewards.max(axis=1) != rewards.min(axis=1)
+
+
+def _regrouped(sampled: list[list[_Sampled]], chosen: list[tuple[int, int]], group_size: int, groups: int
+               ) -> list[_Sampled]:
+    """The rounds of a batch of the `chosen` groups, each (sampling round, group of it), of several sampling rounds
+    (each `_sample_groups`'s rounds), numbered as if sampled together: the batch's group i is chosen[i], its
+    episodes are i * group_size .. and its round-k rows are in group k * groups + i."""
+    rounds = []
+    for index in range(max(len(rounds_of_one) for rounds_of_one in sampled)):
+        merged = _Sampled([], [], [], [], [])
+        for group, (sampling_round, old_group) in enumerate(chosen):
+            if index >= len(sampled[sampling_round]):
+                continue
+            old = sampled[sampling_round][index]
+            for row, episode in enumerate(old.episodes):
+                if episode // group_size == old_group:
+                    merged.questions.append(old.questions[row])
+                    merged.group_ids.append(index * groups + group)
+                    merged.completions.append(old.completions[row])
+                    merged.rollouts.append(old.rollouts[row])
+                    merged.episodes.append(group * group_size + episode % group_size)
+        if not merged.completions:
+            break
+        rounds.append(merged)
+    return rounds
 
 
 def _from_every_process(value: Any) -> list[Any]:

@@ -15,14 +15,24 @@ import conductor
 import conductor.advantages  # noqa: F401  (registers the Conductor's advantage transforms)
 from launch.flag_groups import field_values, renamed, shared  # noqa: F401  (renamed: the old flag names fail)
 from rl.advantages import ESTIMATORS, StdScaling, TransformConfig, Whitening, options_for
-from rl.loop import LoopConfig
+from rl.loop import DynamicSampling, LoopConfig
 
 _FIELDS = {
     "iterations": flags.DEFINE_integer("iterations", 20, "Training iterations."),
     "questions_per_iteration": flags.DEFINE_integer("questions_per_iteration", 4, "Questions per iteration."),
     "group_size": flags.DEFINE_integer("group_size", 8, "Completions per question."),
     "estimator": flags.DEFINE_enum("estimator", "grpo", sorted(ESTIMATORS), "Advantage estimator."),
-    "dynamic_sampling": flags.DEFINE_boolean("dynamic_sampling", False, "Drop groups whose rewards all agree."),
+    "dynamic_sampling": flags.DEFINE_enum(
+        "dynamic_sampling", "off", get_args(DynamicSampling),
+        "Groups whose rewards all agree: off (they train), mask (they leave the loss) or backfill (they leave the "
+        "loss, and the next questions are sampled until --questions_per_iteration groups differ).",
+    ),
+    "max_sampling_rounds": flags.DEFINE_integer(
+        "max_sampling_rounds", 4,
+        "With --dynamic_sampling=backfill, the most times an iteration samples --questions_per_iteration questions; "
+        "past it, the earliest agreeing groups fill the batch, masked.",
+        lower_bound=1,
+    ),
     "checkpoint_every": flags.DEFINE_integer("checkpoint_every", 10, "Iterations between checkpoints."),
     "max_staleness": flags.DEFINE_integer(
         "max_staleness", 0,

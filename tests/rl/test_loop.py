@@ -20,7 +20,9 @@ from rl import advantages, auxiliary
 from rl.auxiliary import TermConfig, TermSpec
 from rl.checkpoint import Checkpointer
 from rl.learner import LearnerConfig, OptimizerConfig
-from rl.loop import QUESTION_LABEL, LoopConfig, Rollout, TrainingLoop, question_order
+from rl.loop import (
+    QUESTION_LABEL, LoopConfig, Rollout, TrainingLoop, _regrouped, _Sampled, backfilled_groups, question_order,
+)
 from rl.losses import LossConfig
 from rl.metrics import MetricsWriter
 from rollout.types import SamplingParams
@@ -224,7 +226,7 @@ def test_each_iteration_updates_syncs_a_new_version_and_advances_the_data():
 
 
 def test_dynamic_sampling_skips_the_update_when_every_group_agrees():
-    loop, syncs = make_loop(ParityWorld(constant_reward=1.0), iterations=1, dynamic_sampling=True)
+    loop, syncs = make_loop(ParityWorld(constant_reward=1.0), iterations=1, dynamic_sampling="mask")
     scalars = loop.run()[0]
     assert scalars["dynamic_sampling/dropped_groups"] == 2
     assert loop.learner.batches == [] and syncs == [0] and loop.policy_version == 0
@@ -232,7 +234,7 @@ def test_dynamic_sampling_skips_the_update_when_every_group_agrees():
 
 def test_dynamic_sampling_masks_only_the_groups_that_agree():
     world = ParityWorld()
-    loop, _ = make_loop(world, iterations=1, dynamic_sampling=True)
+    loop, _ = make_loop(world, iterations=1, dynamic_sampling="mask")
     loop.run()
     batch = loop.learner.batches[0]
     rewards = (first_completion_tokens(batch) % 2 == 0).astype(float)
@@ -241,6 +243,90 @@ def test_dynamic_sampling_masks_only_the_groups_that_agree():
         rows = groups == group
         expected_trains = len(set(np.asarray(rewards)[rows].tolist())) > 1
         assert np.asarray(batch.loss_mask)[rows].any() == expected_trains
+
+
+@dataclasses.dataclass
+class SplitWorld:
+    """The questions in `agreeing` score 1 on every completion; any other scores a completion by its sample id's
+    parity, so each of its groups (consecutive sample ids) holds both rewards."""
+
+    num_questions: int = 7
+    agreeing: frozenset[int] = frozenset({0, 1, 2, 3, 4})
+    question_labels = None
+
+    def prompt_ids(self, question):
+        return [1, 2, question + 3]
+
+    def score(self, questions, completions, contexts, sample_ids):
+        return [Rollout(1.0 if q in self.agreeing else float(i % 2), {}) for q, i in zip(questions, sample_ids)]
+
+    def decode(self, token_ids):
+        return " ".join(map(str, token_ids))
+
+
+def backfilled_batch(world: SplitWorld, position: int, groups: int, max_rounds: int, seed: int = 0):
+    """A model of the batch backfill builds at data position `position`, from the question stream alone: its
+    questions group by group, whether each group trains, the sampling rounds taken and the mean reward sampled
+    (a differing group of an even size averages 0.5)."""
+    stream = np.asarray(question_order(world.num_questions, seed, position, groups * max_rounds))
+    differ = np.asarray([q not in world.agreeing for q in stream])
+    rounds = next((r for r in range(1, max_rounds + 1) if differ[: r * groups].sum() >= groups), max_rounds)
+    asked, asked_differ = stream[: rounds * groups], differ[: rounds * groups]
+    order = np.concatenate([np.flatnonzero(asked_differ), np.flatnonzero(~asked_differ)])[:groups]
+    return asked[order], asked_differ[order], rounds, float(np.where(asked_differ, 0.5, 1.0).mean())
+
+
+def test_backfilled_groups_take_the_differing_groups_in_sampling_order_then_the_earliest_agreeing_ones():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        rounds, groups = rng.integers(1, 5), rng.integers(1, 6)
+        differ = rng.random((rounds, groups)) < rng.random()
+        flat = differ.ravel()
+        expected = np.concatenate([np.flatnonzero(flat), np.flatnonzero(~flat)])[:groups]
+        chosen = backfilled_groups(differ.tolist(), int(groups))
+        assert chosen == [divmod(int(index), int(groups)) for index in expected]
+    assert backfilled_groups([[False, True], [True, False]], 2) == [(0, 1), (1, 0)]
+    assert backfilled_groups([[False, False], [False, True]], 2) == [(1, 1), (0, 0)]
+    with pytest.raises(ValueError, match="3 groups sampled cannot fill a batch of 4"):
+        backfilled_groups([[True, False, True]], 4)
+
+
+def test_backfill_builds_the_batch_its_model_predicts_and_masks_agreeing_groups_only_when_rounds_run_out():
+    world = SplitWorld()
+    loop, _ = make_loop(world, iterations=2, dynamic_sampling="backfill", max_sampling_rounds=3)
+    history = loop.run()
+    position, shortfalls = 0, 0
+    for batch, scalars in zip(loop.learner.batches, history, strict=True):
+        questions, trains, rounds, reward = backfilled_batch(world, position, groups=2, max_rounds=3)
+        position += 2 * rounds
+        assert batch.batch_size == 8, "the batch keeps its row count"
+        got_questions = np.asarray(batch.tokens)[::4, batch.completion_start - 1] - 3
+        np.testing.assert_array_equal(got_questions, questions)
+        np.testing.assert_array_equal(np.asarray(batch.loss_mask)[::4].any(axis=1), trains)
+        np.testing.assert_array_equal(np.asarray(batch.group_ids), np.repeat([0, 1], 4))
+        assert scalars["dynamic_sampling/oversampling"] == rounds
+        assert scalars["dynamic_sampling/dropped_groups"] == (~trains).sum()
+        assert scalars["reward/mean"] == pytest.approx(reward), "every group sampled, the ones left out too"
+        shortfalls += int((~trains).sum())
+    assert loop.data_position == position
+    assert shortfalls == 1, "the second iteration runs out of rounds: the model covers both cases"
+
+
+def test_backfill_regroups_every_recursion_round_of_the_groups_it_keeps():
+    def sampled(tag, follow):
+        """Two groups of two episodes; the episodes in `follow` get a second round."""
+        first = _Sampled([10 * tag, 10 * tag, 10 * tag + 1, 10 * tag + 1], [0, 0, 1, 1],
+                         [f"{tag}c{e}" for e in range(4)], [f"{tag}r{e}" for e in range(4)], [0, 1, 2, 3])
+        second = _Sampled([first.questions[e] for e in follow], [2 + e // 2 for e in follow],
+                          [f"{tag}c{e}'" for e in follow], [f"{tag}r{e}'" for e in follow], list(follow))
+        return [first, second] if follow else [first]
+
+    rounds = _regrouped([sampled(0, [1]), sampled(1, [0, 3])], [(1, 1), (0, 0)], group_size=2, groups=2)
+    assert [r.completions for r in rounds] == [["1c2", "1c3", "0c0", "0c1"], ["1c3'", "0c1'"]]
+    assert [r.questions for r in rounds] == [[11, 11, 0, 0], [11, 0]]
+    assert [r.group_ids for r in rounds] == [[0, 0, 1, 1], [2, 3]]
+    assert [r.episodes for r in rounds] == [[0, 1, 2, 3], [1, 3]]
+    assert [r.rollouts for r in _regrouped([sampled(0, [])], [(0, 1)], group_size=2, groups=1)] == [["0r2", "0r3"]]
 
 
 def test_recursion_trains_both_rounds_on_the_episode_reward():
@@ -291,6 +377,10 @@ def test_bad_loop_configs_are_rejected():
         LoopConfig(iterations=1, group_size=1)
     with pytest.raises(ValueError, match="iterations"):
         LoopConfig(iterations=0)
+    with pytest.raises(ValueError, match="dynamic_sampling must be one of"):
+        LoopConfig(iterations=1, dynamic_sampling=True)
+    with pytest.raises(ValueError, match="max_sampling_rounds"):
+        LoopConfig(iterations=1, dynamic_sampling="backfill", max_sampling_rounds=0)
 
 
 def test_the_estimators_options_reach_it_through_the_loop():

@@ -184,7 +184,7 @@ class OneValidFirstRound:
         return groups
 
 
-@pytest.mark.parametrize("dynamic_sampling", [False, True])
+@pytest.mark.parametrize("dynamic_sampling", ["off", "mask"])
 def test_a_second_round_alone_in_its_group_trains_with_its_episodes_first_round_advantage(dynamic_sampling):
     learner = _learner()
     loop = _loop(ChainWorld(rounds=1), OneValidFirstRound(), learner, recursion_rounds=1,

@@ -1,0 +1,44 @@
+"""Counting XLA programs (`rl.compiles`): one per new shape, none for a shape already compiled, and the loop's
+`compile/programs` adds up to what the process compiled."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from flax import nnx
+
+from models.config import ModelConfig
+from models.transformer import Transformer
+from rl import compiles
+from rl.learner import LearnerConfig, OptimizerConfig
+from rl.losses import LossConfig
+from tests.rl.helpers import RecordingLearner
+from tests.rl.test_loop import ParityWorld, make_loop
+from tests.tiny_models import tiny_config
+
+
+def test_a_program_is_counted_once_per_new_shape_and_not_for_a_shape_compiled_before():
+    triple = jax.jit(lambda x: x * 3 + 1)
+    four, five = np.ones(4, np.float32), np.ones(5, np.float32)  # host arrays: no eager op compiles a program
+    counts = [compiles.totals()]
+    for x in (four, four, five):
+        triple(x)
+        counts.append(compiles.totals())
+    steps = [later - earlier for earlier, later in zip(counts, counts[1:])]
+    assert [step.programs for step in steps] == [1, 0, 1]
+    assert steps[0].seconds > 0 and steps[1].seconds == 0
+    assert all(step.cache_hits == 0 for step in steps), "the test run has no persistent cache"
+
+
+def test_the_loop_logs_each_iterations_programs_and_they_add_up_to_the_process_count():
+    # A learning rate no other test uses: the update's programs (the config is a static argument) are new here.
+    model = Transformer(ModelConfig.from_hf(tiny_config("llama")), rngs=nnx.Rngs(0))
+    optimizer = OptimizerConfig(learning_rate=3.25e-3, schedule="constant", total_steps=100)
+    learner = RecordingLearner(model, LearnerConfig(loss=LossConfig(), optimizer=optimizer))
+    loop, _ = make_loop(ParityWorld(), iterations=3, learner=learner)
+    before = compiles.totals()
+    history = loop.run()
+    programs = [scalars["compile/programs"] for scalars in history]
+    assert programs[0] > 0, "the first update compiles its programs"
+    assert sum(programs) == (compiles.totals() - before).programs
+    assert all(scalars["compile/seconds"] >= 0 and scalars["compile/cache_hits"] == 0 for scalars in history)
