@@ -124,6 +124,11 @@ class LearnerConfig:
         same.
     run_duplicates_once: run each distinct row of a prompt block through the model once (`rl.row_selection`); the
         update is the same.
+    steady_shapes: no step runs at a smaller shape than the largest an earlier step of this learner ran: its rows,
+        its completion block and row length (`Trajectories.trimmed_columns`) and its distinct rows per prompt block
+        are each at least the largest before, padded with columns and rows that carry no loss. Each new shape is a
+        new XLA program; with the floors, the programs stop growing once the largest shapes have appeared, at the
+        cost of running later steps at those shapes (docs/decisions/033-steady-shapes.md). The update is the same.
     lora: with a rank > 0, the learner adapts the model (`models.lora.apply_lora`) and trains, checkpoints and keeps
         optimizer state for the adapters alone; weight sync and saved models see the merged weights.
     """
@@ -139,6 +144,7 @@ class LearnerConfig:
     old_logprobs: OldLogprobs = "recompute"
     skip_zero_gradient_rows: bool = True
     run_duplicates_once: bool = True
+    steady_shapes: bool = False
     lora: LoRAConfig = LoRAConfig()
 
     def __post_init__(self) -> None:
@@ -364,6 +370,9 @@ class Learner:
         self.reference_params = jax.tree.map(jnp.copy, params) if config.loss.kl_coef else None
         self.step = 0  # completed `update` calls
         self.optimizer_step = 0
+        # The largest shapes a step has run (`LearnerConfig.steady_shapes`): rows, completion block, row length and
+        # distinct rows per prompt block.
+        self._shape_floors = {"rows": 0, "width": 0, "length": 0, "distinct": 1}
 
     @property
     def params(self) -> nnx.State:
@@ -427,14 +436,22 @@ class Learner:
             math.lcm(self._prompt_block(mini_batch), self._data_parallel),
             self.config.micro_batch_size,
             first_step=first_step,
+            at_least=self._shape_floors["rows"],
         )
+
+    def _raise_floors(self, **shape: int) -> None:
+        if self.config.steady_shapes:
+            self._shape_floors.update({name: max(self._shape_floors[name], value) for name, value in shape.items()})
 
     def _model_rows(self, batch: Trajectories) -> ModelRows:
         """The rows of `batch` the model runs (`rl.row_selection.model_rows`), placed on the devices."""
+        rows_per_pass, batch_prompt_block = self._rows_per_pass(batch.batch_size), self._prompt_block(batch)
         run, source, prompt_block = row_selection.model_rows(
-            batch, self._rows_per_pass(batch.batch_size), self._prompt_block(batch), self._data_parallel,
-            run_duplicates_once=self.config.run_duplicates_once,
+            batch, rows_per_pass, batch_prompt_block, self._data_parallel,
+            run_duplicates_once=self.config.run_duplicates_once, at_least=self._shape_floors["distinct"],
         )
+        block = batch_prompt_block if batch_prompt_block > 1 else rows_per_pass
+        self._raise_floors(distinct=run.size * block // batch.batch_size)
         columns = (batch.tokens, batch.positions, batch.attention_mask)
         tokens, positions, attention_mask = (np.asarray(array)[run] for array in columns)
         return self._place(ModelRows(tokens, positions, attention_mask, source.astype(np.int32), prompt_block))
@@ -446,12 +463,13 @@ class Learner:
         run = self._rows_to_run(mini_batch, first_step=first_step)
         if not len(run):
             return None
-        token_weights = aggregation_weights(jnp.asarray(mini_batch.loss_mask), self.config.loss)[run]
+        token_weights = aggregation_weights(np.asarray(mini_batch.loss_mask), self.config.loss)[run]
         # Trimming drops only columns that are padding in every row, where every weight is 0.
         rows = mini_batch.rows(run)
-        start, stop = rows.trimmed_columns()
+        start, stop = rows.trimmed_columns(self._shape_floors["width"], self._shape_floors["length"])
         batch = rows.columns(start, stop)
         token_weights = take_columns(token_weights, start, stop)
+        self._raise_floors(rows=run.size, width=batch.length - batch.completion_start, length=batch.length)
         return _Step(
             self._place(batch), self._model_rows(batch), self._place(token_weights), int((run < real_rows).sum())
         )
@@ -550,4 +568,5 @@ class Learner:
             "skipped_rows": 1.0 - rows_run / rows,
             "model_rows": model_rows / rows,
             "padding_rows": padding_rows / rows,
+            "step_columns": float(np.mean([step.batch.length for step in steps if step is not None] or [0])),
         }

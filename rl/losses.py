@@ -21,6 +21,7 @@ from typing import Callable, Literal, get_args
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rl.auxiliary import TermConfig, TermInputs
 
@@ -119,18 +120,20 @@ class LossConfig:
 def aggregation_weights(loss_mask: jax.Array, config: LossConfig) -> jax.Array:
     """Per-token weights [B, T] such that sum(weights * per_token_term) is the configured aggregation.
 
-    Call this on the whole mini-batch. Sequences without any loss token (batch padding) do not count.
+    Call this on the whole mini-batch. Sequences without any loss token (batch padding) do not count. A numpy mask
+    gets numpy weights, computed on the host: no XLA program is compiled for each new batch shape.
     """
-    mask = loss_mask.astype(jnp.float32)
+    xp = np if isinstance(loss_mask, np.ndarray) else jnp
+    mask = loss_mask.astype(xp.float32)
     tokens_per_sequence = mask.sum(axis=1, keepdims=True)
-    num_sequences = jnp.maximum((tokens_per_sequence > 0).sum(), 1)
+    num_sequences = xp.maximum((tokens_per_sequence > 0).sum(), 1).astype(xp.float32)
     if config.aggregation == "token-mean":
-        return mask / jnp.maximum(mask.sum(), 1.0)
+        return mask / xp.maximum(mask.sum(), xp.float32(1.0))
     if config.aggregation == "seq-mean-token-sum":
         return mask / num_sequences
     if config.aggregation == "seq-mean-token-mean":
-        return mask / (jnp.maximum(tokens_per_sequence, 1.0) * num_sequences)
-    return mask / (num_sequences * config.norm_length)
+        return mask / (xp.maximum(tokens_per_sequence, xp.float32(1.0)) * num_sequences)
+    return mask / (num_sequences * xp.float32(config.norm_length))
 
 
 def masked_sequence_mean(values: jax.Array, loss_mask: jax.Array) -> jax.Array:

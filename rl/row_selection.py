@@ -15,8 +15,9 @@ Neither choice changes the update:
   group) are not run either: they take that row's log-probs and entropies, and autodiff sums their loss gradients
   into its pass. Each row keeps its own advantage, old and sampler log-probs and aggregation weight.
 
-Both round what they run up to a power of two (of prompt blocks, of distinct rows per block), so few shapes compile.
-The plan depends only on the batch, so every process of a multi-process run makes the same one.
+Both round what they run up to a power of two (of prompt blocks, of distinct rows per block), so few shapes compile,
+and both take a floor (`at_least`) that the learner raises to the largest it has run (`LearnerConfig.steady_shapes`).
+The plan depends only on the batch and the floor, so every process of a multi-process run makes the same one.
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ def zero_gradient_rows(batch: Trajectories, loss: LossConfig, step: int = 0) -> 
     return no_gradient
 
 
-def rows_to_run(no_gradient: np.ndarray, unit: int, micro_batch_size: int | None, *, first_step: bool) -> np.ndarray:
+def rows_to_run(
+    no_gradient: np.ndarray, unit: int, micro_batch_size: int | None, *, first_step: bool, at_least: int = 0
+) -> np.ndarray:
     """Indices of the mini-batch rows a step must run, in order, given which rows have no gradient: every unit of
     `unit` rows (a prompt block, widened to split over the data-parallel devices) holding a row with a gradient, then
-    units without one up to a power-of-two number of passes (a pass: the lcm of the unit and the micro-batch). The
-    update's first step runs at least one unit, to measure the learner/sampler mismatch."""
+    units without one up to a power-of-two number of passes (a pass: the lcm of the unit and the micro-batch) and to
+    at least `at_least` rows, as far as the mini-batch has them. The update's first step runs at least one unit, to
+    measure the learner/sampler mismatch; a step with no row to run runs none, whatever the floor."""
     rows = no_gradient.size
     smallest_run = math.lcm(unit, micro_batch_size or unit)
     has_gradient = ~no_gradient.reshape(-1, unit).all(axis=1)
@@ -60,7 +64,7 @@ def rows_to_run(no_gradient: np.ndarray, unit: int, micro_batch_size: int | None
     if needed_rows == 0:
         return np.arange(0)
     run_rows = smallest_run
-    while run_rows < needed_rows:
+    while run_rows < max(needed_rows, at_least):
         run_rows *= 2
     units_by_need = np.concatenate([np.flatnonzero(has_gradient), np.flatnonzero(~has_gradient)])
     units = np.sort(units_by_need[: min(run_rows, rows) // unit])
@@ -68,7 +72,7 @@ def rows_to_run(no_gradient: np.ndarray, unit: int, micro_batch_size: int | None
 
 
 def distinct_rows(
-    batch: Trajectories, block: int, rows_per_pass: int, row_multiple: int = 1
+    batch: Trajectories, block: int, rows_per_pass: int, row_multiple: int = 1, at_least: int = 1
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """The rows a model pass must run so that every row's values come from an identical row (same tokens and
     padding), and where each row finds them. Identical rows have identical log-probs; a sharpening policy repeats
@@ -76,7 +80,8 @@ def distinct_rows(
 
     Rows are matched within each aligned block of `block` rows (a shared prompt's rows, or a whole pass). Each
     block's distinct rows, in order of first appearance, are padded to `distinct_block` by repeating its first one:
-    the smallest power of two, or `block` itself, that holds every block's and leaves each pass's share
+    the smallest power of two, or `block` itself, that holds every block's and `at_least` rows and leaves each pass's
+    share
     (`rows_per_pass // block * distinct_block` rows) split into `row_multiple` equal parts. Returns `rows`
     (`[batch_size // block * distinct_block]` indices into the batch), `source` (`[batch_size]`: where in its own
     pass's slice of `rows` each row's twin is) and `distinct_block`.
@@ -100,7 +105,8 @@ def distinct_rows(
     blocks_per_pass = rows_per_pass // block
     sizes = [2**k for k in range(block.bit_length()) if 2**k < block] + [block]
     distinct_block = next(
-        size for size in sizes if size >= largest and blocks_per_pass * size % row_multiple == 0 or size == block
+        size for size in sizes
+        if size >= max(largest, at_least) and blocks_per_pass * size % row_multiple == 0 or size == block
     )
     rows = np.concatenate([distinct + distinct[:1] * (distinct_block - len(distinct)) for distinct in blocks])
     block_in_pass = np.arange(batch_size) % rows_per_pass // block
@@ -108,14 +114,16 @@ def distinct_rows(
 
 
 def model_rows(
-    batch: Trajectories, rows_per_pass: int, prompt_block: int, data_parallel: int, *, run_duplicates_once: bool
+    batch: Trajectories, rows_per_pass: int, prompt_block: int, data_parallel: int, *, run_duplicates_once: bool,
+    at_least: int = 1,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """What the model runs for `batch`: (`run`, the batch rows it runs; `source`, for each batch row the index of
     the run row whose values it takes, within its own pass's slice of `run`; the prompt block of `run`, 1 when rows
     share no prompt). With `run_duplicates_once`, each distinct row of a prompt block (of a pass, when rows share no
-    prompt) runs once, padded so each pass splits over `data_parallel` devices; else every row runs."""
+    prompt) runs once, padded to at least `at_least` rows per block and so each pass splits over `data_parallel`
+    devices; else every row runs."""
     if not run_duplicates_once:
         return np.arange(batch.batch_size), np.arange(batch.batch_size) % rows_per_pass, prompt_block
     block = prompt_block if prompt_block > 1 else rows_per_pass
-    run, source, distinct_block = distinct_rows(batch, block, rows_per_pass, data_parallel)
+    run, source, distinct_block = distinct_rows(batch, block, rows_per_pass, data_parallel, at_least)
     return run, source, distinct_block if prompt_block > 1 else 1

@@ -106,19 +106,22 @@ class Trajectories:
                 advantages[row, column] *= factor
         return self.replace(advantages=advantages)
 
-    def trimmed_columns(self) -> tuple[int, int]:
+    def trimmed_columns(self, min_width: int = 0, min_length: int = 0) -> tuple[int, int]:
         """The columns [start, stop) these rows need: a completion block of the smallest completion bucket that holds
-        their longest completion, after their longest prompt, in the smallest length bucket that holds both. A
-        negative `start` asks for that many columns of padding before column 0: a narrower completion block can land
-        on a length bucket wider than the columns it keeps. Runs on the host (the shape is static)."""
+        their longest completion (at least `min_width` columns), after their longest prompt, in the smallest length
+        bucket that holds both (at least `min_length`). A negative `start` asks for that many columns of padding
+        before column 0, a `stop` past `length` for columns of padding after the last: a narrower completion block
+        can land on a length bucket wider than the columns it keeps, and a floor can ask for more than the rows have.
+        Runs on the host (the shape is static)."""
         attention_mask = np.asarray(self.attention_mask)
         first_real = attention_mask[:, : self.completion_start].argmax(axis=1)
         longest_prompt = self.completion_start - int(first_real.min())
         longest_completion = int(attention_mask[:, self.completion_start :].sum(axis=1).max())
         # A block built outside `build` may be narrower than any bucket that holds its completions: it stays whole.
         width = min(bucket_length(longest_completion, self.completion_buckets), self.length - self.completion_start)
-        stop = self.completion_start + width
-        return stop - bucket_length(longest_prompt + width, self.length_buckets), stop
+        stop = self.completion_start + max(width, min_width)
+        length = bucket_length(max(longest_prompt + stop - self.completion_start, min_length), self.length_buckets)
+        return stop - length, stop
 
     def columns(self, start: int, stop: int) -> "Trajectories":
         """These rows' columns [start, stop) (`take_columns`), `completion_start` moved with them. With
@@ -126,7 +129,7 @@ class Trajectories:
         padding in every row, which no row attends to and none carries a loss on."""
         if (start, stop) == (0, self.length):
             return self
-        if not start <= self.completion_start < stop <= self.length:
+        if not start <= self.completion_start < stop:
             raise ValueError(
                 f"columns [{start}, {stop}) of {self.length} do not hold the completion block's start "
                 f"{self.completion_start}"
@@ -157,9 +160,11 @@ class Trajectories:
 
 def take_columns(array, start: int, stop: int) -> np.ndarray:
     """Columns [start, stop) of a [batch, time] array; a negative `start` puts that many columns of zeros (padding:
-    no attention, no loss, a token id never read) before column 0."""
-    taken = np.asarray(array)[:, max(start, 0) : stop]
-    return np.pad(taken, ((0, 0), (max(-start, 0), 0)))
+    no attention, no loss, a token id never read) before column 0, a `stop` past the last column that many after
+    it."""
+    array = np.asarray(array)
+    taken = array[:, max(start, 0) : stop]
+    return np.pad(taken, ((0, 0), (max(-start, 0), max(stop - array.shape[1], 0))))
 
 
 def bucket_length(length: int, length_buckets: Sequence[int]) -> int:

@@ -118,8 +118,10 @@ def test_mini_batches_trimmed_to_their_own_length_give_the_same_update():
     assert_same_training_state(trimmed, padded)
 
 
-@pytest.mark.parametrize("length_buckets", [(16, 32), (32,)])
-def test_mini_batches_trimmed_to_their_own_longest_completion_give_the_same_update(monkeypatch, length_buckets):
+@pytest.mark.parametrize("length_buckets, steady_shapes", [((16, 32), False), ((32,), False), ((16, 32), True)])
+def test_mini_batches_trimmed_to_their_own_longest_completion_give_the_same_update(
+    monkeypatch, length_buckets, steady_shapes
+):
     rng = np.random.default_rng(11)
     prompts = [list(rng.integers(3, 250, size=6))] * 4 + [list(rng.integers(3, 250, size=5))] * 4
     # The first group writes long completions, the second short ones: only the first mini-batch needs a block of 16.
@@ -141,7 +143,7 @@ def test_mini_batches_trimmed_to_their_own_longest_completion_give_the_same_upda
     assert one_width.rows(slice(4, 8)).trimmed_columns() == (0, 32)
     config = LearnerConfig(
         optimizer=SGDConfig(learning_rate=SGD_RATE), ppo_epochs=2, mini_batch_size=4, old_logprobs="recompute",
-        loss=LossConfig(aggregation="token-mean"),
+        loss=LossConfig(aggregation="token-mean"), steady_shapes=steady_shapes,
     )
     shapes, train_step = [], rl.learner._train_step
 
@@ -153,8 +155,9 @@ def test_mini_batches_trimmed_to_their_own_longest_completion_give_the_same_upda
     monkeypatch.setattr(rl.learner, "_train_step", recorded)
     trimmed, whole = Learner(_model(), config), Learner(_model(), config)
     trimmed.update(trimmable)
-    # (row length, completion block) of each optimizer step, over two passes of two mini-batches
-    assert shapes == [(32, 16), (stop - start, 4)] * 2
+    # (row length, completion block) of each optimizer step, over two passes of two mini-batches; with steady shapes
+    # the second runs at the first's
+    assert shapes == [(32, 16), (32, 16) if steady_shapes else (stop - start, 4)] * 2
     whole.update(one_width)
     assert shapes[4:] == [(32, 16)] * 4
     assert_same_training_state(trimmed, whole)

@@ -58,6 +58,10 @@ def test_distinct_rows_pad_each_block_so_that_passes_split_over_the_devices():
     three = batch.rows(slice(0, 3))
     assert row_selection.distinct_rows(three, 3, 3, row_multiple=2)[2] == 2
     assert row_selection.distinct_rows(three, 3, 3, row_multiple=3)[2] == 3
+    # A floor of 2 rows per block pads each group's one distinct row to 2; no floor exceeds the block.
+    rows, source, distinct_block = row_selection.distinct_rows(batch, 4, 4, at_least=2)
+    assert (rows.tolist(), source.tolist(), distinct_block) == ([0, 0, 4, 4], [0] * 8, 2)
+    assert row_selection.distinct_rows(batch, 4, 4, at_least=8)[2] == 4
     with pytest.raises(ValueError, match="do not split"):
         row_selection.distinct_rows(batch, 3, 8)
     with pytest.raises(ValueError, match="do not split"):
@@ -143,6 +147,21 @@ def test_rows_to_run_are_the_units_with_a_gradient_rounded_up_to_a_power_of_two_
     mask = np.array([mark == "x" for mark in no_gradient])
     rows = row_selection.rows_to_run(mask, unit, micro_batch_size, first_step=first_step)
     assert rows.tolist() == expected
+
+
+@pytest.mark.parametrize(
+    "no_gradient, at_least, expected",
+    [
+        ("xx.xxxxx", 4, [0, 1, 2, 3]),  # one unit with a gradient, raised to the floor of 4 rows
+        ("xx.xxxxx", 3, [0, 1, 2, 3]),  # a floor between passes rounds up to the next power of two
+        ("..xxxx.x", 4, [0, 1, 6, 7]),  # already at the floor
+        ("xx.xxxxx", 16, list(range(8))),  # no more than the mini-batch holds
+        ("xxxxxxxx", 4, []),  # nothing to run stays nothing, whatever the floor
+    ],
+)
+def test_a_floor_raises_the_rows_run_to_a_power_of_two_at_least_as_large(no_gradient, at_least, expected):
+    mask = np.array([mark == "x" for mark in no_gradient])
+    assert row_selection.rows_to_run(mask, 2, None, first_step=False, at_least=at_least).tolist() == expected
 
 
 def test_model_rows_run_every_row_or_each_distinct_row_of_a_prompt_block_once():

@@ -145,7 +145,25 @@ def test_a_narrower_completion_block_on_a_wider_length_bucket_is_padded_on_the_l
     np.testing.assert_allclose(short.sampler_logprobs, [[0] * 14 + [-3, 0]])
 
 
-@pytest.mark.parametrize("start, stop", [(9, 16), (0, 8), (-2, 17)])
+def test_floors_widen_the_completion_block_on_the_right_and_lengthen_the_row_on_the_left():
+    batch = _long_and_short_completions((8, 16, 32))
+    short_row = batch.rows(slice(1, 2))
+    assert short_row.trimmed_columns() == (2, 10)  # block 2, bucket 8: no floor
+    # A block of at least 16 columns (8 past the batch's last) after prompt 3: bucket 32, 8 columns of it before the
+    # batch's first.
+    assert short_row.trimmed_columns(min_width=16) == (-8, 24)
+    # A row of at least 16 columns keeps its block of 2.
+    assert short_row.trimmed_columns(min_length=16) == (-6, 10)
+    wide = short_row.columns(-8, 24)
+    assert wide.length == 32 and wide.completion_start == 16
+    np.testing.assert_array_equal(wide.tokens, [[0] * 13 + [8, 9, 10, 27] + [0] * 15])
+    np.testing.assert_array_equal(wide.positions, [[0] * 13 + [0, 1, 2, 3] + [0] * 15])
+    np.testing.assert_array_equal(wide.loss_mask, [[0] * 16 + [1] + [0] * 15])
+    np.testing.assert_array_equal(wide.attention_mask, [[0] * 13 + [1] * 4 + [0] * 15])
+    np.testing.assert_allclose(wide.sampler_logprobs, [[0] * 16 + [-3] + [0] * 15])
+
+
+@pytest.mark.parametrize("start, stop", [(9, 16), (0, 8), (-2, 8)])
 def test_columns_that_do_not_hold_the_completion_start_are_refused(start, stop):
     batch = _long_and_short_completions((8, 16))
     with pytest.raises(ValueError, match="do not hold the completion block's start 8"):
