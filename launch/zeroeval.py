@@ -12,15 +12,15 @@ Prints, and writes as results.json and results.md under --logdir:
 - the supervised per-question router ceiling (`env.text_router`): trained on the train split with every model's
   recorded outcome, evaluated on the test split.
 
-With --conductor_runs, it reads an earlier results.json (--results) instead of recomputing it, and adds the trained
-Conductors' greedy test points (launch.compare's run_summary.json files of a --usd_penalty sweep):
+--results reads an earlier results.json instead of recomputing it. --conductor_runs adds the trained Conductors'
+greedy test points (launch.compare's run_summary.json files of a --usd_penalty sweep):
 
     python -m launch.zeroeval --results=runs/zeroeval/results.json --logdir=runs/zeroeval \
         --conductor_runs='runs/frontier_sweep/*/seed=*/run_summary.json' --plot=docs/zeroeval-frontier.png
 
 writing conductor.json and conductor.md (per penalty, over seeds, against o1-mini alone and the per-task best) and the
 PNG: each model alone, the task-routing frontier, the router ceiling and the Conductor's points, on the test split
-with cl100k_base tokens and o1-mini's visible output (x1).
+with cl100k_base tokens and o1-mini's visible output (x1). --plot alone draws the reference points without runs.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ _SPLIT_SEED = flags.DEFINE_integer(
     "split_seed", 0, "Seed of the train/test split (env.tasks.zeroeval).", flag_values=ZEROEVAL_FLAGS
 )
 _RESULTS = flags.DEFINE_string(
-    "results", None, "An earlier run's results.json: with --conductor_runs, its reference points are read from it.",
+    "results", None, "An earlier run's results.json, read instead of computing the reference points again.",
     flag_values=ZEROEVAL_FLAGS,
 )
 _CONDUCTOR_RUNS = flags.DEFINE_list(
@@ -68,7 +68,8 @@ _CONDUCTOR_RUNS = flags.DEFINE_list(
     flag_values=ZEROEVAL_FLAGS,
 )
 _PLOT = flags.DEFINE_string(
-    "plot", None, "With --conductor_runs: where the frontier PNG goes (default: <logdir>/frontier.png).",
+    "plot", None, "Where the frontier PNG goes (with --conductor_runs, default <logdir>/frontier.png; without, the "
+    "reference points alone).",
     flag_values=ZEROEVAL_FLAGS,
 )
 _O1_MINI = "o1-mini-2024-09-12"
@@ -358,7 +359,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"--o1_mini_output_factors must be numbers >= 1, got {_O1_FACTORS.value}")
     out = pathlib.Path(_LOGDIR.value)
     out.mkdir(parents=True, exist_ok=True)
-    if _CONDUCTOR_RUNS.value and _RESULTS.value:
+    if _RESULTS.value:
         results = json.loads(pathlib.Path(_RESULTS.value).read_text())
     else:
         results = run(zeroeval.data_dir(_DATA_DIR.value), factors, _SPLIT_SEED.value)
@@ -373,6 +374,9 @@ def main(argv: list[str]) -> None:
                                    pathlib.Path(_PLOT.value or out / "frontier.png")))
         except ValueError as error:
             raise app.UsageError(str(error)) from error
+    elif _PLOT.value:
+        frontier_figure(results["costs"][CONDUCTOR_SETTING]["test"], results["router"]["points"], [],
+                        pathlib.Path(_PLOT.value))
 
 
 parse_flags = own_flags_parser(ZEROEVAL_FLAGS, __doc__)
