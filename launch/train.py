@@ -28,6 +28,7 @@ import pathlib
 from typing import Any
 
 from absl import app, flags
+from flax import nnx
 
 from conductor import console, distributed
 from conductor.baselines import orchestration_figures
@@ -53,6 +54,7 @@ from launch.flag_groups import sampling as sampling_flags
 from launch.flag_groups import supervised as supervised_flags
 from launch.flag_groups import teacher as teacher_flags
 from models import hf_io
+from models.lora import save_peft_adapter
 from rl.checkpoint import Checkpointer
 from rl.learner import Learner
 from rl.loop import TrainingLoop
@@ -123,10 +125,21 @@ def main(argv: list[str]) -> None:
     environment = TokenizedConductorEnv(env, tokenizer)
     checkpointer = Checkpointer(checkpoint_dir, keep=_KEEP.value)
     fresh_run = checkpointer.latest_step() is None
+    # LoRA checkpoints hold the adapters alone: a resumed run needs the base they adapt, and a warm-started base
+    # exists nowhere but here, so it is written once and read back on resume.
+    lora = learner_flags.lora_from_flags(seed=0)
+    lora_base_dir = log_dir / "lora_base" if lora.enabled and warm_start_steps else model_dir
     if warm_start_steps and fresh_run:
         trainer = supervised_flags.from_flags(warm_start_steps, len(domain_labels(environment)))
         warm_start(model, environment, warm_start_steps, trainer, teacher_flags.from_flags())
     distributed.share_process_zero_weights(model)
+    if lora_base_dir != model_dir and fresh_run and distributed.is_main_process():
+        hf_io.save(model, lora_base_dir)  # whole on every process until the learner shards it
+        tokenizer.save_pretrained(lora_base_dir)
+    elif lora_base_dir != model_dir and not fresh_run:
+        config = model.config
+        base = hf_io.load(lora_base_dir, dtype=config.dtype, param_dtype=config.param_dtype, remat=config.remat)
+        nnx.update(model, nnx.state(base, nnx.Param))
 
     generator, weight_sync = build_generator(generation, model_dir, distributed.process_dir(log_dir))
     sampling = sampling_flags.from_flags()
@@ -165,10 +178,13 @@ def main(argv: list[str]) -> None:
         # while process 0 evaluates and writes
         distributed.wait_for_every_process("launch.train: end of run", processes.shutdown_timeout_s)
         return
-    final_dir = hf_io.save(final_model, log_dir / "conductor_final")
+    final_dir = hf_io.save(final_model, log_dir / "conductor_final")  # merged weights, with LoRA
     tokenizer.save_pretrained(final_dir)
     save_trained_sampling(final_dir, sampling)
     summary = {"iterations": loop.iteration, "logdir": str(log_dir), "conductor_final": str(final_dir)}
+    if lora.enabled:
+        adapter_dir = save_peft_adapter(final_model, final_dir / "lora_adapter", base_model=str(lora_base_dir))
+        summary["lora_adapter"] = str(adapter_dir)
     if history:
         # The whole run's iterations, not this process's: a resumed run's own are only its last ones.
         first, last = first_and_last_fifth([record["reward/mean"] for record in read_metrics(log_dir)])

@@ -245,7 +245,16 @@ def _run_layer(layer: DecoderLayer, x, cos, sin, mask, prefix):
     return layer(x, cos, sin, mask, prefix)
 
 
-_run_layer_remat = nnx.remat(_run_layer)
+def _run_layer_remat(layer: DecoderLayer, x, cos, sin, mask, prefix):
+    """`_run_layer` under `jax.checkpoint`, on the layer's state as a plain input. `nnx.remat` writes the state back
+    into the caller's variables afterwards, which fails when some of them are traced by a `jax.grad` and others not
+    (LoRA: the adapters differentiated, the base weights frozen); a layer's forward pass changes no state."""
+    graphdef, state = nnx.split(layer)
+
+    def run(state, x, cos, sin, mask, prefix):
+        return _run_layer(nnx.merge(graphdef, state), x, cos, sin, mask, prefix)
+
+    return jax.checkpoint(run)(state, x, cos, sin, mask, prefix)
 
 
 class Transformer(nnx.Module):

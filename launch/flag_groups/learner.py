@@ -8,6 +8,7 @@ from absl import flags
 
 import conductor.losses  # noqa: F401  (registers the Conductor's auxiliary loss terms)
 from launch.flag_groups import field_choices, field_values, shared
+from models.lora import ATTENTION_TARGETS, MLP_TARGETS, LoRAConfig
 from rl.auxiliary import TermConfig
 from rl.learner import LearnerConfig, OldLogprobs, OptimizerConfig, optimizer_steps_per_update
 from rl.loop import LoopConfig
@@ -51,6 +52,17 @@ _OPTIMIZER_FIELDS = {
     ),
     "max_grad_norm": flags.DEFINE_float("max_grad_norm", 1.0, "Global gradient-norm clip."),
 }
+_LORA_RANK = flags.DEFINE_integer(
+    "lora_rank", 0,
+    "Rank of LoRA adapters on the --lora_targets projections (0: every weight trains). With a rank only the adapters "
+    "train, carry AdamW state and go into checkpoints; generators and conductor_final get the merged weights, and "
+    "conductor_final/lora_adapter holds the adapters in PEFT's format.",
+    lower_bound=0,
+)
+_LORA_ALPHA = flags.DEFINE_float("lora_alpha", 16.0, "LoRA alpha: the adapters' output is scaled by alpha / rank.")
+_LORA_TARGETS = flags.DEFINE_list(
+    "lora_targets", list(ATTENTION_TARGETS + MLP_TARGETS), "Projections LoRA adapts in every layer (HF module names)."
+)
 _WARMUP_RATIO = flags.DEFINE_float("warmup_ratio", 0.03, "Fraction of optimizer steps spent warming up.")
 # The Conductor's auxiliary loss terms (`conductor.losses`), in the order `terms_from_flags` adds them.
 _ROUTE_ENTROPY_COEF = flags.DEFINE_float(
@@ -128,6 +140,11 @@ def terms_from_flags(total_steps: int, route_token_ids: tuple[int, ...]) -> tupl
     return tuple(terms)
 
 
+def lora_from_flags(seed: int) -> LoRAConfig:
+    """The --lora_* flags' adapters, their A matrices drawn from `seed`."""
+    return LoRAConfig(rank=_LORA_RANK.value, alpha=_LORA_ALPHA.value, targets=tuple(_LORA_TARGETS.value), seed=seed)
+
+
 def from_flags(loop: LoopConfig, sampling: SamplingParams, route_token_ids: tuple[int, ...] = ()) -> LearnerConfig:
     """The learner's config for `loop`'s batches, sampled with `sampling`; `route_token_ids` are the tokens that can
     write a worker id (`conductor.loop_environment.TokenizedConductorEnv.route_token_ids`), which --route_entropy_coef
@@ -151,4 +168,5 @@ def from_flags(loop: LoopConfig, sampling: SamplingParams, route_token_ids: tupl
         **update,
         temperature=sampling.temperature,
         share_prompts=shared.SHARE_PROMPTS.value,
+        lora=lora_from_flags(loop.seed),
     )
