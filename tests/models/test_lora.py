@@ -159,3 +159,24 @@ def test_a_rank_above_a_projection_side_is_refused(tiny_model_dir):
     model = hf_io.load(tiny_model_dir("llama"))
     with pytest.raises(ValueError, match=r"rank 80 exceeds layers.0.q_proj's smaller side \(64 x 64\)"):
         apply_lora(model, LoRAConfig(rank=80), rngs=nnx.Rngs(0))
+
+
+def test_adapter_gradients_under_remat_equal_those_without(tiny_model_dir):
+    """Per-layer remat runs each layer on its state as a plain input: with the adapters differentiated and the base
+    frozen, a remat that wrote state back into the caller's variables failed (flax's TraceContextError)."""
+    tokens, positions, mask = padded_batch(LENGTHS, 12, vocab_size=256)
+    gradients = []
+    for remat in (False, True):
+        model = hf_io.load(tiny_model_dir("qwen3"), remat=remat)
+        apply_lora(model, LoRAConfig(rank=2), rngs=nnx.Rngs(0))
+        _randomise_b(model, seed=2)
+        graphdef, adapters, frozen = nnx.split(model, nnx.LoRAParam, ...)
+
+        def loss(adapters):
+            adapted = nnx.merge(graphdef, adapters, frozen)
+            return adapted.logits(adapted(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))).std()
+
+        gradients.append(jax.tree.leaves(jax.jit(jax.grad(loss))(adapters)))
+    assert max(float(jnp.abs(g).max()) for g in gradients[0]) > 1e-3
+    for with_remat, without in zip(gradients[1], gradients[0], strict=True):
+        np.testing.assert_allclose(np.asarray(with_remat), np.asarray(without), rtol=1e-5, atol=1e-7)
