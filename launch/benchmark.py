@@ -24,7 +24,7 @@ from launch.benchmark_suites.common import emit
 from launch.flag_groups import console as console_flags
 from launch.flag_groups import distributed as distributed_flags
 
-SUITES = ("forward", "learner", "rollout", "sync", "env", "e2e", "gpu", "pipeline")
+SUITES = ("forward", "learner", "rollout", "sync", "env", "e2e", "gpu", "pipeline", "memory")
 
 _SUITE = flags.DEFINE_enum("suite", None, SUITES, "Which benchmark suite to run.")
 _PROFILE_DIR = flags.DEFINE_string(

@@ -66,9 +66,10 @@ class LoRAConfig:
 
 
 class LoRALinear(nnx.Linear):
-    """An `nnx.Linear` plus `scale * (x A) B`: `kernel` and `bias` are the base's own variables, not copies."""
+    """An `nnx.Linear` plus `(alpha / rank) * (x A) B`: `kernel` and `bias` are the base's own variables, not
+    copies."""
 
-    def __init__(self, base: nnx.Linear, *, rank: int, scale: float, rngs: nnx.Rngs):
+    def __init__(self, base: nnx.Linear, *, rank: int, alpha: float, rngs: nnx.Rngs):
         for name, value in vars(base).items():
             if not name.startswith("_"):
                 setattr(self, name, nnx.data(value) if value is None else value)
@@ -78,7 +79,8 @@ class LoRALinear(nnx.Linear):
             jax.random.uniform(rngs.params(), (fan_in, rank), jnp.float32, -bound, bound)
         )
         self.lora_b = nnx.LoRAParam(jnp.zeros((rank, fan_out), jnp.float32))
-        self.scale = scale
+        self.alpha = alpha
+        self.scale = alpha / rank
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
         out = super().__call__(inputs)
@@ -113,7 +115,7 @@ def apply_lora(model: Transformer, config: LoRAConfig, *, rngs: nnx.Rngs) -> Non
                 f"LoRA rank {config.rank} exceeds layers.{index}.{name}'s smaller side "
                 f"({base.in_features} x {base.out_features})"
             )
-        setattr(parent, name, LoRALinear(base, rank=config.rank, scale=config.scale, rngs=rngs))
+        setattr(parent, name, LoRALinear(base, rank=config.rank, alpha=config.alpha, rngs=rngs))
 
 
 def _adapted_modules(model: Transformer) -> list[tuple[tuple[Any, ...], LoRALinear]]:
@@ -151,10 +153,9 @@ def lora_config_of(model: Transformer) -> LoRAConfig:
     modules = _adapted_modules(model)
     if not modules:
         return LoRAConfig()
-    path, first = modules[0]
-    rank = first.lora_a.shape[1]
-    targets = tuple(name for name in _PARENT if any(p[-1] == name for p, _ in modules))
-    return LoRAConfig(rank=rank, alpha=first.scale * rank, targets=targets)
+    _, first = modules[0]
+    targets = tuple(name for name in _PARENT if any(path[-1] == name for path, _ in modules))
+    return LoRAConfig(rank=first.lora_a.shape[1], alpha=first.alpha, targets=targets)
 
 
 def peft_tensors(model: Transformer) -> dict[str, np.ndarray]:

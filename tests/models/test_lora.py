@@ -85,7 +85,7 @@ def test_a_projection_equals_peft_lora_linear_within_1e_5():
     flax_base = nnx.Linear(48, 40, rngs=nnx.Rngs(0))
     flax_base.kernel.set_value(jnp.asarray(torch_base.weight.detach().numpy().T))
     flax_base.bias.set_value(jnp.asarray(torch_base.bias.detach().numpy()))
-    ours = LoRALinear(flax_base, rank=6, scale=3.0 / 6, rngs=nnx.Rngs(1))
+    ours = LoRALinear(flax_base, rank=6, alpha=3.0, rngs=nnx.Rngs(1))
     ours.lora_a.set_value(jnp.asarray(lora_layer.lora_A["default"].weight.detach().numpy().T))
     ours.lora_b.set_value(jnp.asarray(lora_layer.lora_B["default"].weight.detach().numpy().T))
 
@@ -109,7 +109,7 @@ def test_fresh_adapters_leave_the_logits_of_the_base_model(tiny_model_dir, famil
 
 def test_initial_a_follows_peft_bound_and_b_is_zero():
     base = nnx.Linear(400, 64, rngs=nnx.Rngs(0))
-    module = LoRALinear(base, rank=16, scale=1.0, rngs=nnx.Rngs(0))
+    module = LoRALinear(base, rank=16, alpha=16.0, rngs=nnx.Rngs(0))
     a = np.asarray(module.lora_a[...])
     assert a.shape == (400, 16) and module.lora_b.shape == (16, 64)
     # uniform in +-1/sqrt(400) = +-0.05: its extremes come close to the bound, and its spread is bound / sqrt(3)
