@@ -114,7 +114,7 @@ _UPDATE_FIELDS = {
         "group takes that row's log-probs, and keeps its own advantage and loss weight; the same update, less work.",
     ),
     "steady_shapes": flags.DEFINE_boolean(
-        "steady_shapes", True,
+        "steady_shapes", False,
         "No optimizer step runs at a smaller shape (rows, columns, completion block, distinct rows) than the largest "
         "one before it, padded with rows and columns that carry no loss: the same update; XLA stops compiling new "
         "programs once the largest shapes have appeared, and later steps run at those shapes.",
