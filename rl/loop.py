@@ -688,6 +688,7 @@ class TrainingLoop:
 
         self._pipeline_started = time.perf_counter()
         self._learner_idle = 0.0
+        self._generated = 0.0  # the pipeline's generate seconds when the last batch was assembled
         return Pipeline(
             environment=self.environment, sampler=self.sampler, sampling_params=self.sampling_params,
             group_size=config.group_size, groups_per_round=share, max_staleness=config.max_staleness,
@@ -700,7 +701,6 @@ class TrainingLoop:
         trained; returns the scalars it logged."""
         config = self.config
         started = time.perf_counter()
-        generated_before = pipeline.generate_seconds
         share = config.questions_per_iteration // jax.process_count()
         groups, dropped = [], 0
         while len(groups) < share:
@@ -732,11 +732,14 @@ class TrainingLoop:
         scalars["async/rows_dropped"] = float(config.group_size * sum(process[1] for process in every))
         scalars["async/learner_idle_share"] = self._learner_idle / elapsed
         scalars["async/generator_idle_share"] = 1.0 - pipeline.generate_seconds / elapsed
+        generated = pipeline.generate_seconds
         times = {
-            "generate": pipeline.generate_seconds - generated_before,
+            # Generation since the last batch was assembled, most of it while the learner learnt.
+            "generate": generated - self._generated,
             "score": float(np.mean([s for process in every for s in process[2]])),
             "wait": waited,
         }
+        self._generated = generated
         result = self._learn(rounds, times, started, sampled_by_current_weights=not any(staleness),
                              pipeline_scalars=scalars)
         pipeline.release(len(groups))
