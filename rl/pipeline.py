@@ -94,7 +94,6 @@ class Pipeline:
         self._producer = threading.Thread(target=self._produce, name="pipeline-producer", daemon=True)
         # Environments without `score_async` score each group on a thread of their own.
         self._score_threads = concurrent.futures.ThreadPoolExecutor(self.capacity, thread_name_prefix="pipeline-score")
-        self._tasks: set[concurrent.futures.Future] = set()
 
     def start(self) -> "Pipeline":
         self._scoring.start()
@@ -127,8 +126,7 @@ class Pipeline:
             self._stopping = True
             self._slots.notify_all()
         self._producer.join()
-        for task in list(self._tasks):
-            task.cancel()
+        asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._scoring.join()
         self._loop.close()
@@ -159,9 +157,7 @@ class Pipeline:
             self._generate_seconds += time.perf_counter() - started
         for index, (question, completions) in enumerate(zip(round_.questions, groups, strict=True)):
             ids = round_.sample_ids[index * self.group_size : (index + 1) * self.group_size]
-            task = asyncio.run_coroutine_threadsafe(self._score(question, completions, ids, version), self._loop)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            asyncio.run_coroutine_threadsafe(self._score(question, completions, ids, version), self._loop)
 
     # -- the scoring loop -------------------------------------------------------------------------------------------
 
@@ -182,6 +178,14 @@ class Pipeline:
             self._ready.put(error)
             return
         self._ready.put(Group(question, list(completions), list(rollouts), version, time.perf_counter() - started))
+
+
+async def _cancel_other_tasks() -> None:
+    """Cancels every other task of the running loop and waits until each has ended, so none is left pending."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def round_seed(seed: int, position: int) -> int:
