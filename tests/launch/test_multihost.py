@@ -12,7 +12,9 @@ The quickstart config with a 40-step warm-start, on the same questions:
   samples (one completion of 32 in iteration 2), so later iterations are compared between pairs, not with the one
   process.
 - a pair with one process killed mid-run stops (JAX's coordination service ends the survivor) and, both restarted,
-  resumes from its checkpoint to the uninterrupted pair's metrics, rollouts and final weights.
+  resumes from its checkpoint to the uninterrupted pair's metrics, rollouts and final weights. The killed pair starts
+  from a copy of the uninterrupted pair's logdir cut back to checkpoint 1, so it pays for no second warm-start or
+  first iteration: it is killed once it has resumed, and its restart must discard the copied iteration-2 logs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -100,15 +103,15 @@ def checkpoint_params(logdir: pathlib.Path, step: int) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One process for one iteration, and an uninterrupted pair for three, side by side."""
+    """One process for one iteration, and an uninterrupted pair for two, side by side."""
     root = tmp_path_factory.mktemp("multihost")
     one, pair = root / "one", root / "pair"
     started = time.monotonic()
     one_process = start(one, 1, processes=1)
-    pair_processes = start(pair, 3, processes=2, port=free_port())
+    pair_processes = start(pair, 2, processes=2, port=free_port())
     finish(one_process, one)
     finish(pair_processes, pair)
-    print(f"one process (1 iteration) and the pair (3 iterations) side by side: {time.monotonic() - started:.0f} s")
+    print(f"one process (1 iteration) and the pair (2 iterations) side by side: {time.monotonic() - started:.0f} s")
     return one, pair
 
 
@@ -141,13 +144,17 @@ def test_two_processes_sample_and_train_the_first_iteration_as_one_process_with_
 def test_a_killed_pair_stops_and_resumes_to_the_uninterrupted_pair(runs, tmp_path):
     _, pair = runs
     logdir = tmp_path / "killed"
-    port = free_port()
-    processes = start(logdir, 3, processes=2, port=port)
+    shutil.copytree(pair, logdir)
+    shutil.rmtree(logdir / "checkpoints" / "2")
+    shutil.rmtree(logdir / "conductor_final")
+    assert [r["step"] for r in records(logdir, "metrics.jsonl")] == [1, 2]  # the restart must drop iteration 2's
+    processes = start(logdir, 2, processes=2, port=free_port())
     deadline = time.monotonic() + 1800
-    while not (logdir / "checkpoints" / "1").is_dir():  # orbax renames a checkpoint into place when it is whole
+    while "resumed from checkpoint 1" not in output(logdir, 0):
         assert all(process.poll() is None for process in processes), output(logdir, 0)[-4000:]
         assert time.monotonic() < deadline, "the pair made no progress"
         time.sleep(0.5)
+    # Process 1 dies before iteration 2's update, so the survivor cannot finish it alone.
     os.killpg(processes[1].pid, signal.SIGKILL)
     killed_at = time.monotonic()
     status = processes[0].wait(timeout=HEARTBEAT_TIMEOUT_S + 120)
@@ -156,8 +163,9 @@ def test_a_killed_pair_stops_and_resumes_to_the_uninterrupted_pair(runs, tmp_pat
     assert "JAX distributed service detected fatal errors" in output(logdir, 0)
     processes[1].wait()
 
-    finish(start(logdir, 3, processes=2, port=free_port()), logdir)
-    assert "resumed from checkpoint" in output(logdir, 0)
+    assert not (logdir / "checkpoints" / "2").exists()
+    finish(start(logdir, 2, processes=2, port=free_port()), logdir)
+    assert output(logdir, 0).count("resumed from checkpoint 1") == 2
     assert records(logdir, "metrics.jsonl") == records(pair, "metrics.jsonl")
     assert records(logdir, "rollouts.jsonl") == records(pair, "rollouts.jsonl")
     resumed = load_file(logdir / "conductor_final" / "model.safetensors")

@@ -3,8 +3,8 @@
 The world has one always-right worker and three always-wrong ones (reward 1 for routing to worker 0, 0.5 otherwise).
 The warm-start must teach the action format and leave routing uniform (reward near 0.625); GRPO must then raise the
 reward by learning to route to worker 0. The run must log every iteration's scalars to TensorBoard and metrics.jsonl,
-write checkpoints and the final Conductor, and continue from its checkpoint when killed -9 and when rerun for more
-iterations (one run does all three, so the suite pays for one warm-start). With
+write checkpoints and the final Conductor, and continue from its checkpoint when killed -9 and rerun, for as many
+iterations as the rerun asks (one run does all of it, so the suite pays for one warm-start). With
 `--eval_warm_start`, the greedy evaluation after the warm-start must show the warm-start's routing and the final one
 GRPO's, and a resumed run must report the first without evaluating again.
 Sampling at temperature 0.7 keeps the tiny Conductor's format noise low enough for the routing signal to show within
@@ -108,29 +108,31 @@ def start_and_kill_after(logdir: pathlib.Path, iteration: int, *extra_flags: str
 
 
 def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_path):
-    """One run, killed -9 after iteration 3 (past checkpoint 2, before checkpoint 4), resumed to its 10 iterations,
-    then extended to 12: a user's run as it learns, dies and is continued, in one warm-start's time."""
+    """One run of 10 iterations, killed -9 after iteration 3 (past checkpoint 2, before checkpoint 4), then rerun
+    with `--iterations=12`: a user's run as it learns, dies and is continued further, in one warm-start's time."""
     logdir = tmp_path / "run"
     start_and_kill_after(logdir, 3, *EVALUATE_WARM_START_AND_FINAL)
-    first = train(logdir, 10, *EVALUATE_WARM_START_AND_FINAL)
+    first = train(logdir, 12, *EVALUATE_WARM_START_AND_FINAL)
     assert "resumed from checkpoint 2" in first.stderr
     assert "warm-start greedy average" not in first.stderr, "the killed run already evaluated its warm-start"
 
     records = metric_records(logdir)
-    assert [r["step"] for r in records] == list(range(1, 11)), "iteration 3, logged before the kill, is not repeated"
-    assert [r["data_position"] for r in records] == [4.0 * step for step in range(1, 11)]
+    assert [r["step"] for r in records] == list(range(1, 13)), "iteration 3, logged before the kill, is not repeated"
+    assert [r["data_position"] for r in records] == [4.0 * step for step in range(1, 13)]
+    assert records[-1]["policy_version"] == 12.0
     rollout_steps = [json.loads(line)["step"] for line in (logdir / "rollouts.jsonl").read_text().splitlines()]
-    assert rollout_steps == [step for step in range(1, 11) for _ in range(4 * 8)]
+    assert rollout_steps == [step for step in range(1, 13) for _ in range(4 * 8)]
     assert records[0]["rollout/valid_format"] >= 0.9, "the warm-start should teach the format"
     assert sum(r["rollout/valid_format"] for r in records) / len(records) >= 0.8
     assert all(0.5 <= r["reward/mean"] <= 1.0 for r in records if r["rollout/valid_format"] == 1.0)
     for name in ("learner/loss", "learner/grad_norm", "time/generate", "time/learn", "rollout/correct"):
         assert name in records[-1]
-    assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 11))
+    assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 13))
     checkpoints = sorted(int(p.name) for p in (logdir / "checkpoints").iterdir() if p.name.isdigit())
-    assert checkpoints[-1] == 10
+    assert checkpoints[-1] == 12
     summary = json.loads(first.stdout.strip().splitlines()[-1])
-    assert summary["iterations"] == 10
+    assert summary["iterations"] == 12
+    # From metrics.jsonl, not from the iterations the rerun process itself ran.
     rewards = [r["reward/mean"] for r in records]
     assert summary["reward_first_fifth"] == pytest.approx(sum(rewards[:2]) / 2)
     assert summary["reward_last_fifth"] == pytest.approx(sum(rewards[-2:]) / 2)
@@ -141,7 +143,7 @@ def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_pa
     # routing earns 0.625 and sends a quarter of the completions to worker 0, always worker 0 earns 1.
     assert records[0]["reward/mean"] < 0.7, records[0]
     to_worker_0 = share_routed_to_worker_0(logdir)
-    assert to_worker_0[1] < 0.45 and (to_worker_0[9] + to_worker_0[10]) / 2 >= 0.9, to_worker_0
+    assert to_worker_0[1] < 0.45 and (to_worker_0[11] + to_worker_0[12]) / 2 >= 0.9, to_worker_0
     # Only worker 0 is right, so a greedy accuracy is the share of questions routed to worker 0: the warm-start's
     # evaluation (made by the killed run, kept in its logdir) sees the warm-start's routing, the final one GRPO's.
     warm_start, final = summary["warm_start_eval"], summary["eval"]
@@ -151,15 +153,6 @@ def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_pa
         assert report["average_accuracy"] == pytest.approx(report["workers_chosen"].get("synthetic-0", 0.0)), report
     assert warm_start["average_accuracy"] < 0.6, warm_start
     assert final["average_accuracy"] >= 0.9, final
-
-    resumed = train(logdir, 12, *EVALUATE_WARM_START_AND_FINAL)
-    assert "resumed from checkpoint 10" in resumed.stderr
-    assert "warm-start greedy average" not in resumed.stderr, "a resumed run must not evaluate its trained policy"
-    assert json.loads(resumed.stdout.strip().splitlines()[-1])["warm_start_eval"] == warm_start
-    records = metric_records(logdir)
-    assert [r["step"] for r in records] == list(range(1, 13))
-    assert records[-1]["policy_version"] == 12.0
-    assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 13))
 
 
 @pytest.mark.parametrize("missing", ["--eval_tasks=", "--warm_start_steps=0"])
