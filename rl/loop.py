@@ -293,18 +293,18 @@ class TrainingLoop:
         self._generator_lock = threading.Lock()
         self._generator_version = 0
         self._stream_lock = threading.Lock()  # data_position and _next_sample_id, which the pipeline advances
+        self._compiles = compiles.totals()  # at the end of the last iteration: each logs what it compiled since
+        if config.questions_per_iteration % jax.process_count():
+            raise ValueError(
+                f"questions_per_iteration {config.questions_per_iteration} does not split over {jax.process_count()} "
+                "processes: each process samples an equal share of every iteration's questions; choose a multiple"
+            )
         behaviour = learner.config
         if (config.max_staleness and behaviour.old_logprobs == "recompute"
                 and behaviour.loss.mismatch_correction == "none"):
             raise ValueError(
                 "max_staleness >= 1 trains rows sampled under earlier weights, so the sampler must be the behaviour "
                 "policy: old_logprobs='sampler', or a mismatch_correction (e.g. 'tis-token') with 'recompute'"
-            )
-        self._compiles = compiles.totals()  # at the end of the last iteration: each logs what it compiled since
-        if config.questions_per_iteration % jax.process_count():
-            raise ValueError(
-                f"questions_per_iteration {config.questions_per_iteration} does not split over {jax.process_count()} "
-                "processes: each process samples an equal share of every iteration's questions; choose a multiple"
             )
         self._question_labels = getattr(environment, "question_labels", None)
         uses_labels = {
