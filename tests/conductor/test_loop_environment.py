@@ -9,7 +9,8 @@ import pytest
 
 from conductor.advantages import ROUTE
 from conductor.loop_environment import TokenizedConductorEnv, completion_text, worker_id_tokens
-from env.gym_env import ConductorEnv
+from env.executor import ExecutorConfig
+from env.gym_env import ConductorEnv, EnvConfig
 from env.workflow import Step, Workflow
 from env.worlds import SyntheticWorldConfig, build_world
 from models import zoo
@@ -40,8 +41,12 @@ def test_oracle_route_says_whether_the_final_worker_is_the_optimal_plans(world):
 
 
 def test_scoring_on_an_event_loop_gives_score_s_rollouts_and_runs_groups_side_by_side(world):
+    # A seeded executor fixes each call's outcome by its content, so the two scorings must agree whatever order the
+    # event loop runs the calls in (unseeded, each draw is fresh and they agree only by chance).
     slow = TokenizedConductorEnv(
-        ConductorEnv(build_world(SyntheticWorldConfig(num_workers=4, num_tasks=8, latency_s=0.3))), world.tokenizer
+        ConductorEnv(build_world(SyntheticWorldConfig(num_workers=4, num_tasks=8, latency_s=0.3)),
+                     EnvConfig(executor=ExecutorConfig(seed=0))),
+        world.tokenizer,
     )
     completions = [_completion(slow, worker) for worker in range(4)] + [slow.tokenizer.encode("no workflow")]
     expected = slow.score([2] * 5, completions, None, range(5))
