@@ -85,9 +85,10 @@ def output(logdir: pathlib.Path, process: int) -> str:
 
 
 def records(logdir: pathlib.Path, name: str) -> list[dict]:
-    """The lines of a run's metrics.jsonl or rollouts.jsonl, less the wall-clock times."""
+    """The lines of a run's metrics.jsonl or rollouts.jsonl, less the wall-clock times and the compile counts (a
+    process compiles what it has not compiled before, so a resumed process compiles again what its run already had)."""
     lines = [json.loads(line) for line in (logdir / name).read_text().splitlines()]
-    return [{key: value for key, value in line.items() if not key.startswith("time/")} for line in lines]
+    return [{key: value for key, value in line.items() if not key.startswith(("time/", "compile/"))} for line in lines]
 
 
 def checkpoint_params(logdir: pathlib.Path, step: int) -> dict[str, np.ndarray]:
