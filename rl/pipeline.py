@@ -1,18 +1,18 @@
 """The asynchronous pipeline of `LoopConfig.max_staleness` K >= 1: the next batches are sampled, executed by the
-workers and scored while the learner updates (docs/design.md, "The asynchronous pipeline").
+environment and scored while the learner updates (docs/design.md, "The asynchronous pipeline").
 
     producer thread   waits for free slots, samples a round of questions (one `generate` call, under the generator
                       lock), hands each question's group to the scoring loop
     scoring thread    an asyncio loop; each group is scored as a task of its own (`Environment.score_async`, else
-                      `Environment.score` on a worker thread), so a group's workflows run to their end whatever the
+                      `Environment.score` on a thread of its own), so a group's workflows run to their end whatever the
                       learner does, and a group is ready as soon as its own workflows are
     learner           (the caller, `rl.loop.TrainingLoop`) takes ready groups in the order they become ready, trains,
                       syncs the weights under the generator lock (between two `generate` calls, never during one;
-                      worker calls in flight are not touched) and frees the groups' slots
+                      environment calls in flight are not touched) and frees the groups' slots
 
 Slots bound how far sampling runs ahead: (K + 1) x the groups a batch takes from this process. A group holds its slot
 from its sampling until it is trained or dropped, so a round sampled under policy version v is trained, in the order
-of sampling, by the update from version v + K at the latest. Groups become ready in the order their workers finish,
+of sampling, by the update from version v + K at the latest. Groups become ready in the order their scorings finish,
 though, so a slow group can be overtaken; one sampled more than K versions before the learner's weights is dropped
 (its slot freed, its rows counted in `async/rows_dropped`). Nothing here is a JAX collective: in a multi-process
 run every process runs its own pipeline over its share of each round's questions, and the learner gathers.

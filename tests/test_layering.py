@@ -11,6 +11,7 @@ name.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,33 @@ def test_a_library_module_in_launch_and_a_flag_outside_it_are_found(tmp_path):
         "launch/notes.txt: not an entry point, a flag group, a suite or a flagfile",
         "conductor/console.py:4: defines an absl flag",
     ]
+
+
+APPLICATION_WORDS = re.compile(r"\b(route|routes|routing|worker|workers|stratum|strata|domain|domains)\b", re.IGNORECASE)
+
+
+def application_words(root: Path) -> list[str]:
+    """'path:line: word' for each Conductor word (routes, workers, task labels) in a file under `root`/rl: the general
+    GRPO library names none of them (docs/design.md section 1); the Conductor's terms live in `conductor/`."""
+    found = []
+    for path in sorted((root / "rl").rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            found += [f"{path.relative_to(root)}:{number}: {m.group(0)}" for m in APPLICATION_WORDS.finditer(line)]
+    return found
+
+
+def test_rl_names_no_routes_workers_or_task_labels():
+    found = application_words(ROOT)
+    assert not found, "Conductor words in the general library:\n" + "\n".join(found)
+
+
+def test_a_conductor_word_in_rl_is_found(tmp_path):
+    _write(tmp_path, {
+        "rl/loss.py": "def f(route_ids):  # fine: an identifier part, not the word\n    return 1\n",
+        "rl/loop.py": "# the Worker pool\nx = 1  # per domain\n",
+        "rl/README.md": "Strata are balanced.\n",
+        "conductor/terms.py": "# routes and workers belong here\n",
+    })
+    assert application_words(tmp_path) == ["rl/README.md:1: Strata", "rl/loop.py:1: Worker", "rl/loop.py:2: domain"]
