@@ -10,10 +10,10 @@ context it never saw falls back to the statistics of every seen context of the s
 means outside its context (`arm_keys`: in the orchestration world the workflow over the workers themselves rather
 than over the pool's slots), restricted to arms the unseen context offers; with nothing to go on, arm 0.
 
-Two worlds supply problems: the orchestration world (context: domain, difficulty and offered pool; arms: every
-candidate workflow; group: domain and difficulty; trained on the training split, whose pools the validation and
+Two worlds supply problems: the orchestration world (context: task, difficulty and offered pool; arms: every
+candidate workflow; group: task and difficulty; trained on the training split, whose pools the validation and
 test splits never offer) and a replay world (context: the task family; arms: one call of each recorded model; trained
-on the evaluated questions themselves, like the per-domain best worker).
+on the evaluated questions themselves, like the per-task best worker).
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def replay_problem(tasks: Sequence[Task], models: Sequence[str], reward_config: 
     p_right = np.asarray([[task.metadata["scores"][model] for model in models] for task in tasks], dtype=np.float64)
     shaping = reward_config.format_bonus - reward_config.step_penalty
     return BanditProblem(
-        contexts=tuple(task.domain for task in tasks),
+        contexts=tuple(task.task_label for task in tasks),
         p_right=p_right,
         reward_right=np.full_like(p_right, reward_config.correct + shaping),
         reward_wrong=np.full_like(p_right, reward_config.wrong + shaping),

@@ -9,7 +9,7 @@ an untrained Conductor (`prompted_conductor_outcomes`) writes its own workflow.
 Where a world knows every workflow's exact outcome (the orchestration world) or every call's recorded one (replay),
 a contextual UCB1 bandit given a training run's feedback budget (`conductor.bandit`) answers the question a skeptic
 asks: does the Conductor learn more than a table of counts per observed context? The orchestration world adds its
-exact reference policies (the best fixed workflow per pool, the best per (domain, pool), the per-question optimum)
+exact reference policies (the best fixed workflow per pool, the best per (task, pool), the per-question optimum)
 and every method's exact expected reward there (`orchestration_figures`).
 """
 
@@ -34,8 +34,8 @@ from env.workers.cache import cache_key
 from env.workflow import Workflow, render_workflow
 
 BASELINES = (
-    "single", "domain_best", "random", "oracle", "moa", "self_reflection", "consensus", "prompted_conductor",
-    "bandit", "best_fixed", "domain_optimum", "optimum",
+    "single", "task_best", "random", "oracle", "moa", "self_reflection", "consensus", "prompted_conductor",
+    "bandit", "best_fixed", "task_optimum", "optimum",
 )
 
 WorkflowChoice = Callable[[Task, int], Workflow]  # (task, repeat) -> the workflow to run
@@ -62,12 +62,12 @@ def workflow_outcomes(env: ConductorEnv, choose: WorkflowChoice, repeats: int) -
 
 
 def oracle_choice(env: ConductorEnv) -> WorkflowChoice | None:
-    """The oracle router where the world knows outcomes: the per-domain optimal plan of the synthetic world, or
+    """The oracle router where the world knows outcomes: the per-task optimal plan of the synthetic world, or
     the recorded best model per question of the replay world; None elsewhere."""
     world = env.world
     if world.oracle is not None:
         plans = world.oracle.plans
-        return lambda task, repeat: plans[task.domain].workflow(policies.SOLVE)
+        return lambda task, repeat: plans[task.task_label].workflow(policies.SOLVE)
     if all("scores" in task.metadata for task in world.tasks):
         models = [getattr(worker, "model", worker.name) for worker in world.pool]
         return lambda task, repeat: policies.oracle_routing(task, models)
@@ -90,7 +90,7 @@ def bandit_choice(env: ConductorEnv, budget: int, seed: int) -> WorkflowChoice |
         models = [getattr(worker, "model", worker.name) for worker in world.pool]
         problem = bandit.replay_problem(world.tasks, models, env.config.reward)
         statistics = bandit.ucb1(problem, budget, seed)
-        return lambda task, repeat: policies.single(bandit.choose(problem, statistics, task.domain))
+        return lambda task, repeat: policies.single(bandit.choose(problem, statistics, task.task_label))
     return None
 
 
@@ -192,6 +192,10 @@ def prompted_conductor_outcomes(
 # -- every baseline ------------------------------------------------------------------------------------------------
 
 
+# The task label was once called the domain (issue 63: one name per concept).
+RENAMED_BASELINES = {"domain_best": "task_best", "domain_optimum": "task_optimum"}
+
+
 @dataclasses.dataclass(frozen=True)
 class BaselineConfig:
     """Which baselines run and their sizes. `worker` runs self-reflection and consensus and aggregates
@@ -208,6 +212,9 @@ class BaselineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        renamed = [f"{old} is renamed to {RENAMED_BASELINES[old]}" for old in self.baselines if old in RENAMED_BASELINES]
+        if renamed:
+            raise ValueError("; ".join(renamed))
         unknown = sorted(set(self.baselines) - set(BASELINES))
         if unknown:
             raise ValueError(f"unknown baselines {unknown}; choose from {list(BASELINES)}")
@@ -239,18 +246,18 @@ def run_baselines(env: ConductorEnv, config: BaselineConfig, repeats: int) -> di
 
     needs_best = config.worker is None and {"moa", "self_reflection", "consensus"} & set(config.baselines)
     singles = {}
-    if {"single", "domain_best"} & set(config.baselines) or needs_best:
+    if {"single", "task_best"} & set(config.baselines) or needs_best:
         for w in range(len(pool)):
             outcomes = workflow_outcomes(env, lambda task, repeat, w=w: policies.single(w), repeats)
             singles[w] = summarize(outcomes, names)
         if "single" in config.baselines:
             results.update({f"single {w}: {names[w]}": report for w, report in singles.items()})
-    if "domain_best" in config.baselines:
-        # Each domain to the worker with the best accuracy on it in this run: the most any Conductor whose choice
-        # depends only on the question's domain can reach (measured in-sample, like the best single worker).
-        domains = singles[0]["domains"]
-        best = {d: max(singles, key=lambda w, d=d: singles[w]["domains"][d]["correct"]) for d in domains}
-        run("per-domain best worker", lambda task, repeat: policies.single(best[task.domain]))
+    if "task_best" in config.baselines:
+        # Each task to the worker with the best accuracy on it in this run: the most any Conductor whose choice
+        # depends only on the question's task can reach (measured in-sample, like the best single worker).
+        task_labels = singles[0]["tasks"]
+        best = {d: max(singles, key=lambda w, d=d: singles[w]["tasks"][d]["correct"]) for d in task_labels}
+        run("per-task best worker", lambda task, repeat: policies.single(best[task.task_label]))
     worker = config.worker
     if needs_best:
         worker = max(singles, key=lambda w: singles[w]["average_accuracy"])
@@ -271,7 +278,7 @@ def run_baselines(env: ConductorEnv, config: BaselineConfig, repeats: int) -> di
     if reference is not None:
         for method, name, policy in (
             ("best_fixed", "best fixed workflow per pool", reference.fixed),
-            ("domain_optimum", "best workflow per (domain, pool)", reference.per_domain),
+            ("task_optimum", "best workflow per (task, pool)", reference.per_task),
             ("optimum", "per-question optimum", reference.per_question),
         ):
             if method in config.baselines:

@@ -85,7 +85,7 @@ class TokenizedConductorEnv:
         self.tokenizer = tokenizer
         self.tasks = env.world.tasks
         self.num_questions = len(self.tasks)
-        self.question_labels = [task.domain for task in self.tasks]
+        self.question_labels = [task.task_label for task in self.tasks]
         self._prompts: dict[int, list[int]] = {}
         self._tokenizer_lock = threading.RLock()
 
@@ -138,7 +138,7 @@ class TokenizedConductorEnv:
                     while execution is not None and not execution.steps:
                         execution = execution.previous
                     final = execution.steps[-1].worker if execution is not None else None
-                    metrics["oracle_route"] = float(final == oracle.plans[task.domain].final)
+                    metrics["oracle_route"] = float(final == oracle.plans[task.task_label].final)
                 followup = None
                 if result.round < self.env.config.recursion_rounds and result.workflow is not None:
                     observation = self.env.observation(task, result)

@@ -30,7 +30,7 @@ class Outcome:
     used and its (last round's) workflow, None after a format error."""
 
     task_id: str
-    domain: str
+    task_label: str
     repeat: int
     metrics: Mapping[str, float]
     workers: tuple[int, ...]
@@ -40,7 +40,7 @@ class Outcome:
 def scored_outcome(task: Task, repeat: int, scored: Scored, **extra: float) -> Outcome:
     metrics = {**rollout_metrics(scored), **extra}
     workers = tuple(step.worker for step in scored.workflow.steps) if scored.workflow else ()
-    return Outcome(task.id, task.domain, repeat, metrics, workers, scored.workflow)
+    return Outcome(task.id, task.task_label, repeat, metrics, workers, scored.workflow)
 
 
 def sample_id(question: int, repeat: int, num_questions: int) -> int:
@@ -84,7 +84,7 @@ def _episode_outcome(task: Task, repeat: int, rounds: Sequence[_Round]) -> Outco
     metrics |= {name: float(sum(m.get(name, 0.0) for m in per_round)) for name in EPISODE_TOTALS}
     workflows = [r.rollout.context.workflow for r in rounds]
     workers = tuple(step.worker for workflow in workflows if workflow is not None for step in workflow.steps)
-    return Outcome(task.id, task.domain, repeat, metrics, workers, workflows[-1])
+    return Outcome(task.id, task.task_label, repeat, metrics, workers, workflows[-1])
 
 
 def _episodes(

@@ -1,4 +1,4 @@
-"""The report of every method's outcomes: `summarize` (accuracy per domain and on average with its standard error
+"""The report of every method's outcomes: `summarize` (accuracy per task and on average with its standard error
 over repeats, worker tokens, calls, USD and steps per question, format validity, the workers chosen), then markdown,
 a plot and results.json (`write_report`)."""
 
@@ -19,28 +19,28 @@ def _stderr(values: Sequence[float]) -> float | None:
 
 
 def summarize(outcomes: Sequence[Outcome], worker_names: Sequence[str]) -> dict[str, Any]:
-    """The report of one method. Per domain: the mean of every metric over questions and repeats, and
-    `correct_stderr`, the standard error of the domain's accuracy over repeats (None with one repeat). `average`:
-    the unweighted mean of the domain means, `correct_stderr` over repeats of that average. `workers_chosen`: the
-    fraction of all steps run by each worker; `workers_chosen_by_domain`: the same within each domain."""
+    """The report of one method. Per task: the mean of every metric over questions and repeats, and
+    `correct_stderr`, the standard error of the task's accuracy over repeats (None with one repeat). `average`:
+    the unweighted mean of the task means, `correct_stderr` over repeats of that average. `workers_chosen`: the
+    fraction of all steps run by each worker; `workers_chosen_by_task`: the same within each task."""
     if not outcomes:
         raise ValueError("no outcomes to summarize")
-    by_domain: dict[str, list[Outcome]] = collections.defaultdict(list)
+    by_task: dict[str, list[Outcome]] = collections.defaultdict(list)
     for outcome in outcomes:
-        by_domain[outcome.domain].append(outcome)
+        by_task[outcome.task_label].append(outcome)
     repeats = sorted({outcome.repeat for outcome in outcomes})
     names = sorted({name for outcome in outcomes for name in outcome.metrics})
-    domains: dict[str, dict[str, Any]] = {}
+    task_labels: dict[str, dict[str, Any]] = {}
     per_repeat_accuracy: dict[str, list[float]] = {}
-    for domain, rows in sorted(by_domain.items()):
-        domains[domain] = {name: float(np.mean([row.metrics.get(name, 0.0) for row in rows])) for name in names}
-        per_repeat_accuracy[domain] = [
+    for task_label, rows in sorted(by_task.items()):
+        task_labels[task_label] = {name: float(np.mean([row.metrics.get(name, 0.0) for row in rows])) for name in names}
+        per_repeat_accuracy[task_label] = [
             float(np.mean([row.metrics["correct"] for row in rows if row.repeat == repeat])) for repeat in repeats
         ]
-        domains[domain]["correct_stderr"] = _stderr(per_repeat_accuracy[domain])
-        domains[domain]["questions"] = len(rows) // len(repeats)
-    average = {name: float(np.mean([domains[d][name] for d in domains])) for name in names}
-    average_by_repeat = np.mean([per_repeat_accuracy[d] for d in domains], axis=0)
+        task_labels[task_label]["correct_stderr"] = _stderr(per_repeat_accuracy[task_label])
+        task_labels[task_label]["questions"] = len(rows) // len(repeats)
+    average = {name: float(np.mean([task_labels[d][name] for d in task_labels])) for name in names}
+    average_by_repeat = np.mean([per_repeat_accuracy[d] for d in task_labels], axis=0)
     average["correct_stderr"] = _stderr(list(average_by_repeat))
 
     def shares(rows: Sequence[Outcome]) -> dict[str, float]:
@@ -51,12 +51,12 @@ def summarize(outcomes: Sequence[Outcome], worker_names: Sequence[str]) -> dict[
     return {
         "questions": len({outcome.task_id for outcome in outcomes}),
         "repeats": len(repeats),
-        "domains": domains,
+        "tasks": task_labels,
         "average": average,
         "average_accuracy": average["correct"],
         "average_accuracy_stderr": average["correct_stderr"],
         "workers_chosen": shares(outcomes),
-        "workers_chosen_by_domain": {domain: shares(rows) for domain, rows in sorted(by_domain.items())},
+        "workers_chosen_by_task": {task_label: shares(rows) for task_label, rows in sorted(by_task.items())},
     }
 
 
@@ -66,7 +66,7 @@ def _percent(value: float | None) -> str:
 
 def markdown_report(results: Mapping[str, Mapping[str, Any]], title: str) -> str:
     """Two tables: the averages with costs and workflow shape, then accuracy per task; then workers chosen."""
-    domains = sorted({domain for report in results.values() for domain in report["domains"]})
+    task_labels = sorted({task_label for report in results.values() for task_label in report["tasks"]})
     lines = [
         f"# {title}",
         "",
@@ -85,9 +85,9 @@ def markdown_report(results: Mapping[str, Mapping[str, Any]], title: str) -> str
             f"| {method} | {accuracy} | {average.get('tokens', 0.0):.0f} | {average.get('cost_usd', 0.0):.5f} | "
             f"{average['steps']:.2f} | {average.get('worker_calls', 0.0):.2f} | {_percent(average['valid_format'])} |"
         )
-    lines += ["", "| method | " + " | ".join(domains) + " |", "|---|" + "---|" * len(domains)]
+    lines += ["", "| method | " + " | ".join(task_labels) + " |", "|---|" + "---|" * len(task_labels)]
     for method, report in results.items():
-        cells = [_percent(report["domains"][d]["correct"]) if d in report["domains"] else "–" for d in domains]
+        cells = [_percent(report["tasks"][d]["correct"]) if d in report["tasks"] else "–" for d in task_labels]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "Workers chosen (share of all steps, %):", ""]
 
@@ -96,9 +96,9 @@ def markdown_report(results: Mapping[str, Mapping[str, Any]], title: str) -> str
 
     for method, report in results.items():
         lines.append(f"- {method}: {listed(report['workers_chosen'])}")
-        by_domain = report["workers_chosen_by_domain"]
-        if len({listed(shares) for shares in by_domain.values()}) > 1:  # routing that differs between domains
-            lines += [f"  - {domain}: {listed(shares)}" for domain, shares in by_domain.items()]
+        by_task = report["workers_chosen_by_task"]
+        if len({listed(shares) for shares in by_task.values()}) > 1:  # routing that differs between tasks
+            lines += [f"  - {task_label}: {listed(shares)}" for task_label, shares in by_task.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,7 @@ template is written once per pool worker instead, so its routing target is exact
 rejection-sampling fine-tuning on the high-reward completions a training run logged to its rollouts.jsonl. `world`:
 rejection-sampling fine-tuning against the world itself, template workflows executed and graded now, each weighted
 by its grade (`world_examples`).
-With a domain probe, each example is labelled with its question's domain at the first worker id it writes.
+With a task probe, each example is labelled with its question's task at the first worker id it writes.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rl.supervised import Example
 
 Teacher = Literal["templates", "rollouts", "world"]
 RouteWeighting = Literal["grade", "advantage"]
-Reasoning = Literal["template", "domain"]
+Reasoning = Literal["template", "task"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +32,8 @@ class TeacherConfig:
     """`teacher` picks the teacher; `templates` are the template policies the templates and world teachers draw
     from (`env.policies.TEMPLATES`); the rollouts teacher keeps the first-round completions of the run log
     `rollouts` with a reward of at least `min_reward`; the world teacher weights each route by `world_weights`
-    (`route_weights`) and, with `stratify_questions`, draws the task domains in turn. `reasoning="domain"` opens each
-    template's reasoning line with the question's task domain (`with_reasoning`). `all_routes` makes the templates
+    (`route_weights`) and, with `stratify_questions`, draws the task labels in turn. `reasoning="task"` opens each
+    template's reasoning line with the question's task label (`with_reasoning`). `all_routes` makes the templates
     teacher write each drawn question's template once per pool worker (`template_examples`)."""
 
     teacher: Teacher = "templates"
@@ -80,31 +80,31 @@ def teacher_examples(
 def with_reasoning(
     workflow: Workflow, environment: TokenizedConductorEnv, question: int, config: TeacherConfig
 ) -> Workflow:
-    """The template as the student writes it: with `reasoning="domain"` its reasoning line first names the question's
-    task domain (a label of the question, not a grade), so the worker id follows a token that differs by domain
-    where the template's fixed line gives every domain the same one. Whether that keeps RL's routing update for one
-    domain from moving the others' is measured in docs/log/2026-11-27-replay-rl-from-bandit-feedback.md (on the replay
+    """The template as the student writes it: with `reasoning="task"` its reasoning line first names the question's
+    task label (a label of the question, not a grade), so the worker id follows a token that differs by task
+    where the template's fixed line gives every task the same one. Whether that keeps RL's routing update for one
+    task from moving the others' is measured in docs/log/2026-11-27-replay-rl-from-bandit-feedback.md (on the replay
     world it does not)."""
     if config.reasoning == "template":
         return workflow
-    domain = environment.tasks[question].domain
-    return dataclasses.replace(workflow, reasoning=f"This is a {domain} question. {workflow.reasoning}")
+    task_label = environment.tasks[question].task_label
+    return dataclasses.replace(workflow, reasoning=f"This is a {task_label} question. {workflow.reasoning}")
 
 
-def domain_labels(environment: TokenizedConductorEnv) -> dict[str, int]:
-    """Each task domain of the world, numbered in sorted order (the probe's classes)."""
-    return {domain: index for index, domain in enumerate(sorted({task.domain for task in environment.tasks}))}
+def task_label_indices(environment: TokenizedConductorEnv) -> dict[str, int]:
+    """Each task label of the world, numbered in sorted order (the probe's classes)."""
+    return {task_label: index for index, task_label in enumerate(sorted({task.task_label for task in environment.tasks}))}
 
 
 def make_example(
     environment: TokenizedConductorEnv, question: int, ids: Sequence[int], labels: Mapping[str, int] | None
 ) -> Example:
-    """A (prompt, completion) example; with `labels`, labelled with the question's domain at the first worker id."""
+    """A (prompt, completion) example; with `labels`, labelled with the question's task at the first worker id."""
     prompt = tuple(environment.prompt_ids(question))
     route_tokens = worker_id_tokens(environment.tokenizer, ids) if labels is not None else ()
     if not route_tokens:
         return Example(prompt, tuple(ids))
-    return Example(prompt, tuple(ids), route_tokens[0], labels[environment.tasks[question].domain])
+    return Example(prompt, tuple(ids), route_tokens[0], labels[environment.tasks[question].task_label])
 
 
 def template_examples(
@@ -125,7 +125,7 @@ def template_examples(
     that keep the answer (which to write is left to RL)."""
     pool_size = len(environment.env.world.pool)
     rounds = environment.env.config.recursion_rounds
-    labels = domain_labels(environment) if probe else None
+    labels = task_label_indices(environment) if probe else None
     if config.all_routes:
         if rounds:
             raise ValueError(
@@ -164,7 +164,7 @@ def rollout_examples(
     environment: TokenizedConductorEnv, path: str, min_reward: float, probe: bool = False
 ) -> list[Example]:
     """Logged completions (the generator's own token ids) that earned at least `min_reward`."""
-    labels = domain_labels(environment) if probe else None
+    labels = task_label_indices(environment) if probe else None
     examples = []
     with open(path, encoding="utf-8") as lines:
         for line in lines:
@@ -183,7 +183,7 @@ def world_examples(
     """About `count` template workflows, executed and graded in the world, each weighted by its grade
     (`config.world_weights`, `route_weights`).
 
-    Questions come from `rl.loop.question_order` (the task domains in turn with `config.stratify_questions`, so a small
+    Questions come from `rl.loop.question_order` (the task labels in turn with `config.stratify_questions`, so a small
     task file is not drowned by a large one); each gets one random template, run once with every pool worker as its
     final (answering) step, so every route's grade on the question is seen (a full-information sample of the routing
     decision). A weighted example counts as that many copies (rl.supervised), so with grade weights and 0/1 grades this
@@ -194,10 +194,10 @@ def world_examples(
     whole questions).
     """
     pool_size = len(environment.env.world.pool)
-    labels = domain_labels(environment) if probe else None
-    strata = environment.question_labels if config.stratify_questions else None
+    labels = task_label_indices(environment) if probe else None
+    question_labels = environment.question_labels if config.stratify_questions else None
     questions, completions = [], []
-    for question in question_order(environment.num_questions, rng.randrange(2**31), 0, -(-count // pool_size), strata):
+    for question in question_order(environment.num_questions, rng.randrange(2**31), 0, -(-count // pool_size), question_labels):
         workflow = with_reasoning(random_template(pool_size, rng, config.templates), environment, question, config)
         for route in every_final_worker(workflow, pool_size):
             questions.append(question)

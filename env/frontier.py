@@ -20,11 +20,11 @@ from env.workers.base import WorkerError
 
 @dataclasses.dataclass(frozen=True)
 class Outcomes:
-    """correct[q, m] and cost_usd[q, m] of model m on question q; domain_of[q] indexes `domains`."""
+    """correct[q, m] and cost_usd[q, m] of model m on question q; task_label_of[q] indexes `tasks`."""
 
     models: tuple[str, ...]
-    domains: tuple[str, ...]
-    domain_of: np.ndarray
+    task_labels: tuple[str, ...]
+    task_label_of: np.ndarray
     correct: np.ndarray
     cost_usd: np.ndarray
 
@@ -33,17 +33,17 @@ class Outcomes:
         if models != len(self.models) or self.cost_usd.shape != self.correct.shape:
             raise ValueError(f"correct {self.correct.shape} and cost {self.cost_usd.shape} must be [questions, "
                              f"{len(self.models)} models]")
-        if self.domain_of.shape != (questions,) or questions == 0:
-            raise ValueError(f"domain_of must hold one domain index per question ({questions}), got "
-                             f"{self.domain_of.shape}")
-        if self.domain_of.min() < 0 or self.domain_of.max() >= len(self.domains):
-            raise ValueError(f"domain_of indexes {len(self.domains)} domains")
+        if self.task_label_of.shape != (questions,) or questions == 0:
+            raise ValueError(f"task_label_of must hold one task index per question ({questions}), got "
+                             f"{self.task_label_of.shape}")
+        if self.task_label_of.min() < 0 or self.task_label_of.max() >= len(self.task_labels):
+            raise ValueError(f"task_label_of indexes {len(self.task_labels)} tasks")
         if (self.cost_usd < 0).any() or not np.isfinite(self.cost_usd).all():
             raise ValueError("costs must be finite and >= 0")
 
     def subset(self, questions: np.ndarray) -> "Outcomes":
         return dataclasses.replace(
-            self, domain_of=self.domain_of[questions], correct=self.correct[questions],
+            self, task_label_of=self.task_label_of[questions], correct=self.correct[questions],
             cost_usd=self.cost_usd[questions],
         )
 
@@ -63,7 +63,7 @@ class Point:
 def outcomes(tasks: Sequence[Task], workers: Sequence, correct: np.ndarray | None = None) -> Outcomes:
     """The outcome matrix of recorded `workers` (each with `reply(task)`) on `tasks`, graded by each task's grader;
     `correct` (a previous call's, for the same tasks and models) skips the grading, which is the slow part."""
-    domains = tuple(sorted({task.domain for task in tasks}))
+    task_labels = tuple(sorted({task.task_label for task in tasks}))
     grade = correct is None
     correct = np.zeros((len(tasks), len(workers)), dtype=bool) if grade else correct
     cost = np.zeros((len(tasks), len(workers)))
@@ -76,8 +76,8 @@ def outcomes(tasks: Sequence[Task], workers: Sequence, correct: np.ndarray | Non
             if grade:
                 correct[q, m] = task.grade(reply.text) == 1.0
             cost[q, m] = reply.cost_usd
-    domain_of = np.array([domains.index(task.domain) for task in tasks])
-    return Outcomes(tuple(worker.name for worker in workers), domains, domain_of, correct, cost)
+    task_label_of = np.array([task_labels.index(task.task_label) for task in tasks])
+    return Outcomes(tuple(worker.name for worker in workers), task_labels, task_label_of, correct, cost)
 
 
 def single_models(o: Outcomes) -> list[Point]:
@@ -96,22 +96,22 @@ def cheapest_single(o: Outcomes) -> Point:
     return min(single_models(o), key=lambda p: (p.cost_usd_per_question, -p.accuracy))
 
 
-def _domain_sums(o: Outcomes) -> tuple[np.ndarray, np.ndarray]:
-    """[domain, model] sums of right answers and of costs."""
-    right = np.zeros((len(o.domains), len(o.models)))
+def _task_sums(o: Outcomes) -> tuple[np.ndarray, np.ndarray]:
+    """[task, model] sums of right answers and of costs."""
+    right = np.zeros((len(o.task_labels), len(o.models)))
     cost = np.zeros_like(right)
-    np.add.at(right, o.domain_of, o.correct.astype(float))
-    np.add.at(cost, o.domain_of, o.cost_usd)
+    np.add.at(right, o.task_label_of, o.correct.astype(float))
+    np.add.at(cost, o.task_label_of, o.cost_usd)
     return right, cost
 
 
 def task_routing_points(o: Outcomes) -> list[tuple[tuple[int, ...], Point]]:
-    """Every assignment of one model to each domain (len(models) ** len(domains) of them), with its point."""
-    right, cost = _domain_sums(o)
-    count = len(o.domain_of)
+    """Every assignment of one model to each task (len(models) ** len(tasks) of them), with its point."""
+    right, cost = _task_sums(o)
+    count = len(o.task_label_of)
     points = []
-    for assignment in itertools.product(range(len(o.models)), repeat=len(o.domains)):
-        rows = np.arange(len(o.domains))
+    for assignment in itertools.product(range(len(o.models)), repeat=len(o.task_labels)):
+        rows = np.arange(len(o.task_labels))
         points.append((assignment, Point(
             _route_name(o, assignment), float(right[rows, assignment].sum() / count),
             float(cost[rows, assignment].sum() / count),
@@ -120,7 +120,7 @@ def task_routing_points(o: Outcomes) -> list[tuple[tuple[int, ...], Point]]:
 
 
 def _route_name(o: Outcomes, assignment: Sequence[int]) -> str:
-    return ", ".join(f"{domain}: {o.models[m]}" for domain, m in zip(o.domains, assignment))
+    return ", ".join(f"{task_label}: {o.models[m]}" for task_label, m in zip(o.task_labels, assignment))
 
 
 def pareto_frontier(points: Sequence[Point]) -> list[Point]:
@@ -144,12 +144,12 @@ def task_routing_frontier(o: Outcomes) -> list[Point]:
 
 
 def per_task_best(o: Outcomes) -> Point:
-    """Each domain to its most accurate model (among equals, the cheapest there)."""
-    right, cost = _domain_sums(o)
+    """Each task to its most accurate model (among equals, the cheapest there)."""
+    right, cost = _task_sums(o)
     assignment = tuple(min(range(len(o.models)), key=lambda m: (-right[d, m], cost[d, m])) for d in
-                       range(len(o.domains)))
-    rows = np.arange(len(o.domains))
-    count = len(o.domain_of)
+                       range(len(o.task_labels)))
+    rows = np.arange(len(o.task_labels))
+    count = len(o.task_label_of)
     return Point(_route_name(o, assignment), float(right[rows, assignment].sum() / count),
                  float(cost[rows, assignment].sum() / count))
 

@@ -1,6 +1,6 @@
 """Exact expected rewards of fixed workflows in a world of simulated workers, and the best fixed workflow.
 
-A simulated worker's call is right with a probability that depends only on its skill on the question's domain and on
+A simulated worker's call is right with a probability that depends only on its skill on the question's task and on
 whether any response it reads is right (`AnswerModel.p_correct`). A workflow's outcome is therefore a random vector of
 right/wrong step outcomes, and step i's outcome depends on the earlier ones only through "some step I read is right".
 `final_p_correct` sums over all 2^k outcome vectors of a k-step workflow, each weighted by the product of its steps'
@@ -14,7 +14,7 @@ share a prefix share its outcome distribution, so the search extends one distrib
 
 `reward_table` gives every candidate workflow's exact expected reward in every context of a world whose workers
 charge a fixed price per call (so a USD penalty is exact too): what the orchestration world (`env.orchestration`)
-compares its fixed, per-domain and per-question optima on. `access_pattern` names a workflow's topology apart from
+compares its fixed, per-task and per-question optima on. `access_pattern` names a workflow's topology apart from
 its workers.
 """
 
@@ -40,7 +40,7 @@ _TIE = 1e-12
 @dataclasses.dataclass(frozen=True)
 class FixedWorkflowOptimum:
     """The best single workflow for every question of the mix, its exact expected reward and probability of a right
-    final answer (both averaged over the domains by weight), and how many workflow shapes were compared."""
+    final answer (both averaged over the tasks by weight), and how many workflow shapes were compared."""
 
     workflow: Workflow
     expected_reward: float
@@ -51,26 +51,26 @@ class FixedWorkflowOptimum:
 def final_p_correct(workflow: Workflow, skills: Sequence[float], answer_model: AnswerModel) -> float:
     """The exact probability that the last step's answer is right, on a question where worker w is right alone with
     probability `skills[w]`."""
-    return float(_final_p_correct_by_domain(workflow, np.asarray([skills], dtype=np.float64), answer_model)[0])
+    return float(_final_p_correct_by_task(workflow, np.asarray([skills], dtype=np.float64), answer_model)[0])
 
 
 def expected_reward(
     workflow: Workflow,
     skills: Mapping[str, Sequence[float]],
-    domain_weights: Mapping[str, float],
+    task_weights: Mapping[str, float],
     answer_model: AnswerModel,
     reward_config: RewardConfig,
 ) -> float:
-    """The exact expected reward of answering every question with `workflow`: `skills[domain][w]` is worker w's
-    skill on the domain, `domain_weights` the task mix."""
-    _, matrix, weights = _domain_arrays(skills, domain_weights)
-    p_correct = _final_p_correct_by_domain(workflow, matrix, answer_model)
+    """The exact expected reward of answering every question with `workflow`: `skills[task][w]` is worker w's
+    skill on the task, `task_weights` the task mix."""
+    _, matrix, weights = _task_arrays(skills, task_weights)
+    p_correct = _final_p_correct_by_task(workflow, matrix, answer_model)
     return _reward(float(weights @ p_correct), len(workflow.steps), reward_config)
 
 
 def best_fixed_workflow(
     skills: Mapping[str, Sequence[float]],
-    domain_weights: Mapping[str, float],
+    task_weights: Mapping[str, float],
     answer_model: AnswerModel,
     reward_config: RewardConfig,
     max_steps: int,
@@ -83,14 +83,14 @@ def best_fixed_workflow(
     if reward_config.token_penalty or reward_config.usd_penalty:
         raise ValueError("the optimum is exact only without token or USD penalties")
     _check_search(max_steps, access_mode)
-    domains, matrix, weights = _domain_arrays(skills, domain_weights)
+    task_labels, matrix, weights = _task_arrays(skills, task_weights)
     pool_size = matrix.shape[1]
     adopted = np.asarray([[answer_model.p_correct(s, True) for s in row] for row in matrix])
     best: tuple[float, float, tuple[Step, ...]] | None = None
     searched = 0
-    # Depth-first over prefixes: `outcomes[d, v]` is the probability, on domain d, that the steps so far came out as
+    # Depth-first over prefixes: `outcomes[d, v]` is the probability, on task d, that the steps so far came out as
     # the bit vector v (bit i: step i right).
-    stack: list[tuple[tuple[Step, ...], np.ndarray]] = [((), np.ones((len(domains), 1)))]
+    stack: list[tuple[tuple[Step, ...], np.ndarray]] = [((), np.ones((len(task_labels), 1)))]
     while stack:
         steps, outcomes = stack.pop()
         index = len(steps)
@@ -132,7 +132,7 @@ def reward_table(
         raise ValueError("call costs must be >= 0")
     if not candidates:
         raise ValueError("no candidate workflows")
-    p_correct = np.stack([_final_p_correct_by_domain(w, matrix, answer_model) for w in candidates], axis=1)
+    p_correct = np.stack([_final_p_correct_by_task(w, matrix, answer_model) for w in candidates], axis=1)
     spent = np.asarray([costs[[step.worker for step in w.steps]].sum() for w in candidates])
     steps = np.asarray([len(w.steps) for w in candidates], dtype=np.float64)
     reward = (
@@ -208,7 +208,7 @@ def _extend(outcomes: np.ndarray, reads_right: np.ndarray, skill: np.ndarray, ad
     return np.concatenate([outcomes * (1.0 - p_right), outcomes * p_right], axis=1)
 
 
-def _final_p_correct_by_domain(workflow: Workflow, matrix: np.ndarray, answer_model: AnswerModel) -> np.ndarray:
+def _final_p_correct_by_task(workflow: Workflow, matrix: np.ndarray, answer_model: AnswerModel) -> np.ndarray:
     if not workflow.steps:
         raise ValueError("an empty workflow has no answer of its own")
     pool_size = matrix.shape[1]
@@ -224,21 +224,21 @@ def _final_p_correct_by_domain(workflow: Workflow, matrix: np.ndarray, answer_mo
     return outcomes[:, 1 << (len(workflow.steps) - 1) :].sum(axis=1)
 
 
-def _domain_arrays(
-    skills: Mapping[str, Sequence[float]], domain_weights: Mapping[str, float]
+def _task_arrays(
+    skills: Mapping[str, Sequence[float]], task_weights: Mapping[str, float]
 ) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Domains with a positive weight, their skill rows and their normalised weights."""
-    domains = [domain for domain, weight in domain_weights.items() if weight > 0]
-    if not domains:
-        raise ValueError("the task mix needs a domain with a positive weight")
-    missing = [domain for domain in domains if domain not in skills]
+    """Tasks with a positive weight, their skill rows and their normalised weights."""
+    task_labels = [task_label for task_label, weight in task_weights.items() if weight > 0]
+    if not task_labels:
+        raise ValueError("the task mix needs a task with a positive weight")
+    missing = [task_label for task_label in task_labels if task_label not in skills]
     if missing:
-        raise ValueError(f"no skills for domains {missing}")
-    matrix = np.asarray([skills[domain] for domain in domains], dtype=np.float64)
+        raise ValueError(f"no skills for tasks {missing}")
+    matrix = np.asarray([skills[task_label] for task_label in task_labels], dtype=np.float64)
     if matrix.ndim != 2 or matrix.shape[1] < 1:
-        raise ValueError("every domain needs one skill per worker, the same workers for all")
-    weights = np.asarray([domain_weights[domain] for domain in domains], dtype=np.float64)
-    return domains, matrix, weights / weights.sum()
+        raise ValueError("every task needs one skill per worker, the same workers for all")
+    weights = np.asarray([task_weights[task_label] for task_label in task_labels], dtype=np.float64)
+    return task_labels, matrix, weights / weights.sum()
 
 
 def _reward(p_correct: float, steps: int, config: RewardConfig) -> float:

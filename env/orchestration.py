@@ -1,6 +1,6 @@
 """The orchestration world (issue 64): the best workflow depends on the question and on the pool it is offered.
 
-Questions are the synthetic world's (`env.tasks.synthetic`: four task domains, graded by the normal graders), each
+Questions are the synthetic world's (`env.tasks.synthetic`: four task labels, graded by the normal graders), each
 given a difficulty and a pool of `pool_size` of the world's workers; the question text states all three, so a
 Conductor can read them:
 
@@ -8,7 +8,7 @@ Conductor can read them:
     Models offered: id 0 = W3, id 1 = W0, id 2 = W5.
 
 The Conductor's pool is `pool_size` slots (`PoolSlot`); slot i answers as the question's i-th offered worker, a
-simulated worker whose skill depends on the domain and the difficulty and who charges a fixed price per call (a
+simulated worker whose skill depends on the task and the difficulty and who charges a fixed price per call (a
 fixed number of completion tokens at an output-only price, so the USD penalty of a workflow is exact). A step that
 reads a right answer adopts it (`AnswerModel`, rule "adopt"), so a second step that reviews an answer, or an
 aggregator of parallel answers, raises the chance of a right final answer on hard questions and only costs calls
@@ -17,8 +17,8 @@ on easy ones.
 The pools are every `pool_size`-subset of the workers; a deterministic split (`split_seed`) holds `validation_pools`
 and `test_pools` of them out of training, so the validation and test questions are offered pools no training
 question is. `OrchestrationReference` holds the exact expected reward of every candidate workflow in every
-(domain, difficulty, pool) context (`env.optimum.reward_table`) and from it three policies: the best fixed workflow
-per pool (no adaptation to the question), the best per (domain, pool) and the per-question optimum.
+(task, difficulty, pool) context (`env.optimum.reward_table`) and from it three policies: the best fixed workflow
+per pool (no adaptation to the question), the best per (task, pool) and the per-question optimum.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from env.workflow import Workflow
 if TYPE_CHECKING:
     from env.worlds import World
 
-DOMAINS = synthetic.DOMAINS
+TASK_LABELS = synthetic.TASK_LABELS
 DIFFICULTIES = ("easy", "medium", "hard")
 SPLITS = ("train", "validation", "test")
 # Rewards closer than this are float rounding (a chain and an aggregator of the same workers can tie exactly under
@@ -52,7 +52,7 @@ _TIE = 1e-12
 
 @dataclasses.dataclass(frozen=True)
 class OrchestrationWorker:
-    """One worker: `skills[d][h]` is its probability of a right answer alone on domain DOMAINS[d] at difficulty
+    """One worker: `skills[d][h]` is its probability of a right answer alone on task TASK_LABELS[d] at difficulty
     DIFFICULTIES[h]; `price_per_call` the US dollars one call costs."""
 
     name: str
@@ -60,8 +60,8 @@ class OrchestrationWorker:
     price_per_call: float
 
     def __post_init__(self) -> None:
-        if len(self.skills) != len(DOMAINS) or any(len(row) != len(DIFFICULTIES) for row in self.skills):
-            raise ValueError(f"{self.name}: skills must be {len(DOMAINS)} domains x {len(DIFFICULTIES)} difficulties")
+        if len(self.skills) != len(TASK_LABELS) or any(len(row) != len(DIFFICULTIES) for row in self.skills):
+            raise ValueError(f"{self.name}: skills must be {len(TASK_LABELS)} tasks x {len(DIFFICULTIES)} difficulties")
         if any(not 0.0 <= s <= 1.0 for row in self.skills for s in row):
             raise ValueError(f"{self.name}: every skill must be in [0, 1]")
         if self.price_per_call < 0:
@@ -70,16 +70,16 @@ class OrchestrationWorker:
 
 def _specialist(name: str, homes: Sequence[int], home: tuple[float, ...], away: tuple[float, ...], price: float):
     return OrchestrationWorker(
-        name, tuple(home if d in homes else away for d in range(len(DOMAINS))), price
+        name, tuple(home if d in homes else away for d in range(len(TASK_LABELS))), price
     )
 
 
-# Four cheap specialists, one per domain, and two dear generalists, each a little weaker than a specialist at home
+# Four cheap specialists, one per task, and two dear generalists, each a little weaker than a specialist at home
 # but far stronger away from it. Easy questions: any worker alone is right 90-98% of the time, so one cheap call is
-# best. Medium and hard: only the domain's specialist (or a generalist) is much good, and reading a right answer
+# best. Medium and hard: only the task's specialist (or a generalist) is much good, and reading a right answer
 # pays, so a reviewed answer or an aggregator of two answers is best (docs/orchestration-world.md has the figures).
 DEFAULT_WORKERS = (
-    *(_specialist(f"W{d}", (d,), (0.98, 0.75, 0.4), (0.9, 0.3, 0.1), 0.002) for d in range(len(DOMAINS))),
+    *(_specialist(f"W{d}", (d,), (0.98, 0.75, 0.4), (0.9, 0.3, 0.1), 0.002) for d in range(len(TASK_LABELS))),
     _specialist("W4", (0, 1), (0.95, 0.7, 0.35), (0.9, 0.6, 0.3), 0.01),
     _specialist("W5", (2, 3), (0.95, 0.7, 0.35), (0.9, 0.6, 0.3), 0.01),
 )
@@ -131,7 +131,7 @@ class OrchestrationWorldConfig:
                 "test": self.test_questions}[self.split]  # fmt: skip
 
     def skills(self) -> np.ndarray:
-        """skills[worker, domain, difficulty]."""
+        """skills[worker, task, difficulty]."""
         return np.asarray([worker.skills for worker in self.workers], dtype=np.float64)
 
 
@@ -152,12 +152,12 @@ def offered_pool(task: Task) -> tuple[int, ...]:
 
 
 def context(task: Task) -> tuple[str, str, tuple[int, ...]]:
-    """What the question text shows: (domain, difficulty, offered pool)."""
-    return task.domain, task.metadata["difficulty"], offered_pool(task)
+    """What the question text shows: (task, difficulty, offered pool)."""
+    return task.task_label, task.metadata["difficulty"], offered_pool(task)
 
 
 def load_tasks(config: OrchestrationWorldConfig) -> list[Task]:
-    """The split's questions: domains in turn, each domain's difficulties in turn (every (domain, difficulty) equally
+    """The split's questions: tasks in turn, each task's difficulties in turn (every (task, difficulty) equally
     often), each question offered a pool drawn uniformly from the split's pools, its workers in index order."""
     split_index = SPLITS.index(config.split)
     base = synthetic.load_synthetic(config.questions, seed=1000 * config.split_seed + split_index)
@@ -165,14 +165,14 @@ def load_tasks(config: OrchestrationWorldConfig) -> list[Task]:
     rng = random.Random(f"orchestration questions/{config.split_seed}/{config.split}")
     tasks = []
     for index, question in enumerate(base):
-        difficulty = DIFFICULTIES[(index // len(DOMAINS)) % len(DIFFICULTIES)]
+        difficulty = DIFFICULTIES[(index // len(TASK_LABELS)) % len(DIFFICULTIES)]
         pool = rng.choice(pools)
         offered = ", ".join(f"id {slot} = {config.workers[w].name}" for slot, w in enumerate(pool))
         tasks.append(
             Task(
                 id=f"orchestration/{config.split_seed}/{config.split}/{index}",
-                domain=question.domain,
-                question=f"Task domain: {question.domain}. Difficulty: {difficulty}.\nModels offered: {offered}.\n\n"
+                task_label=question.task_label,
+                question=f"Task domain: {question.task_label}. Difficulty: {difficulty}.\nModels offered: {offered}.\n\n"
                 f"{question.question}",
                 gold=question.gold,
                 grader=question.grader,
@@ -197,7 +197,7 @@ class PoolSlot:
         self._workers = {
             (w, h): SimulatedWorker(
                 worker.name,
-                {domain: worker.skills[d][h] for d, domain in enumerate(DOMAINS)},
+                {task_label: worker.skills[d][h] for d, task_label in enumerate(TASK_LABELS)},
                 completion_tokens=tokens,
                 price=Price(0.0, worker.price_per_call / tokens * 1e6),
                 answer_model=config.answer_model,
@@ -247,8 +247,8 @@ class Choice:
 
 class OrchestrationReference:
     """Exact expected rewards in the world: every candidate workflow (1 to `max_steps` steps over the slots, binary
-    access lists) in every (domain, difficulty) context of every pool, and the three reference policies. The
-    policies choose for the population, where every (domain, difficulty) is equally likely; figures on a question
+    access lists) in every (task, difficulty) context of every pool, and the three reference policies. The
+    policies choose for the population, where every (task, difficulty) is equally likely; figures on a question
     list average the exact reward of each question's choice."""
 
     def __init__(self, config: OrchestrationWorldConfig, reward_config: RewardConfig, max_steps: int) -> None:
@@ -263,21 +263,21 @@ class OrchestrationReference:
         self._tables: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     def table(self, pool: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """(p_correct, reward) of every candidate (columns) in every context (rows: domain-major, then difficulty)
+        """(p_correct, reward) of every candidate (columns) in every context (rows: task-major, then difficulty)
         when the slots hold `pool` (in slot order)."""
         if pool not in self._tables:
             self._tables[pool] = self._table(self.candidates, pool)
         return self._tables[pool]
 
     def _table(self, workflows: Sequence[Workflow], pool: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        skills = self.config.skills()[list(pool)]  # [slot, domain, difficulty]
-        rows = skills.transpose(1, 2, 0).reshape(len(DOMAINS) * len(DIFFICULTIES), len(pool))
+        skills = self.config.skills()[list(pool)]  # [slot, task, difficulty]
+        rows = skills.transpose(1, 2, 0).reshape(len(TASK_LABELS) * len(DIFFICULTIES), len(pool))
         costs = [self.config.workers[w].price_per_call for w in pool]
         return reward_table(workflows, rows, costs, self.config.answer_model, self.reward_config)
 
     @staticmethod
     def row(task: Task) -> int:
-        return DOMAINS.index(task.domain) * len(DIFFICULTIES) + DIFFICULTIES.index(task.metadata["difficulty"])
+        return TASK_LABELS.index(task.task_label) * len(DIFFICULTIES) + DIFFICULTIES.index(task.metadata["difficulty"])
 
     def expected_reward(self, task: Task, workflow: Workflow | None) -> float:
         """The exact expected reward of `workflow` on `task`; None (a format error) earns the format-error reward."""
@@ -290,14 +290,14 @@ class OrchestrationReference:
         reward = self.table(offered_pool(task))[1]
         return self._choice(reward.mean(axis=0), reward[self.row(task)])
 
-    def per_domain(self, task: Task) -> Choice:
-        """The best workflow for the task's (domain, pool), whatever its difficulty."""
+    def per_task(self, task: Task) -> Choice:
+        """The best workflow for the question's (task, pool), whatever its difficulty."""
         reward = self.table(offered_pool(task))[1]
-        d = DOMAINS.index(task.domain) * len(DIFFICULTIES)
+        d = TASK_LABELS.index(task.task_label) * len(DIFFICULTIES)
         return self._choice(reward[d : d + len(DIFFICULTIES)].mean(axis=0), reward[self.row(task)])
 
     def per_question(self, task: Task) -> Choice:
-        """The best workflow for the task's (domain, difficulty, pool): the per-question optimum."""
+        """The best workflow for the task's (task, difficulty, pool): the per-question optimum."""
         reward = self.table(offered_pool(task))[1][self.row(task)]
         return self._choice(reward, reward)
 
@@ -311,7 +311,7 @@ class OrchestrationReference:
         optimum = [self.per_question(task) for task in tasks]
         return {
             "best_fixed_reward": float(np.mean([self.fixed(task).expected_reward for task in tasks])),
-            "per_domain_reward": float(np.mean([self.per_domain(task).expected_reward for task in tasks])),
+            "per_task_reward": float(np.mean([self.per_task(task).expected_reward for task in tasks])),
             "optimum_reward": float(np.mean([choice.expected_reward for choice in optimum])),
             "optimum_shapes": shape_shares([choice.workflow for choice in optimum]),
             "heldout_pools": all(tuple(sorted(offered_pool(task))) in self.heldout_pools for task in tasks),

@@ -41,18 +41,18 @@ class RouterConfig:
             raise ValueError(f"usd_weights must be >= 0 and not empty, got {self.usd_weights}")
 
 
-def features(questions: Sequence[str], domains: Sequence[int], num_domains: int, bits: int) -> np.ndarray:
-    """[question, 2**bits + num_domains]: binary hashed unigrams and bigrams (crc32, stable across runs), each row
+def features(questions: Sequence[str], task_labels: Sequence[int], num_task_labels: int, bits: int) -> np.ndarray:
+    """[question, 2**bits + num_task_labels]: binary hashed unigrams and bigrams (crc32, stable across runs), each row
     scaled to unit norm, then a one-hot task label."""
     width = 1 << bits
-    x = np.zeros((len(questions), width + num_domains), dtype=np.float32)
-    for row, (question, domain) in enumerate(zip(questions, domains)):
+    x = np.zeros((len(questions), width + num_task_labels), dtype=np.float32)
+    for row, (question, task_label) in enumerate(zip(questions, task_labels)):
         words = _WORD_RE.findall(question.lower())
         grams = words + [f"{a} {b}" for a, b in zip(words, words[1:])]
         columns = {zlib.crc32(gram.encode()) & (width - 1) for gram in grams}
         if columns:
             x[row, sorted(columns)] = 1.0 / np.sqrt(len(columns))
-        x[row, width + domain] = 1.0
+        x[row, width + task_label] = 1.0
     return x
 
 
@@ -89,14 +89,14 @@ def route(p: np.ndarray, expected_cost: np.ndarray, usd_weight: float) -> np.nda
 def ceiling(tasks: Sequence[Task], o: Outcomes, test: np.ndarray, config: RouterConfig = RouterConfig()) -> dict:
     """Train on `~test`, evaluate on `test` (a mask over `tasks`, the rows of `o`): the routed accuracy and cost at
     each `usd_weight`, and the test log loss against always predicting each model's training accuracy per task."""
-    x = features([t.question for t in tasks], o.domain_of, len(o.domains), config.feature_bits)
+    x = features([t.question for t in tasks], o.task_label_of, len(o.task_labels), config.feature_bits)
     train = ~test
     y = o.correct.astype(np.float64)
     weights, bias = fit(x[train], y[train], config)
     p = _sigmoid(x[test] @ weights + bias)
-    base_rate = np.stack([y[train & (o.domain_of == d)].mean(axis=0) for d in range(len(o.domains))])
-    mean_cost = np.stack([o.cost_usd[train & (o.domain_of == d)].mean(axis=0) for d in range(len(o.domains))])
-    expected_cost = mean_cost[o.domain_of[test]]
+    base_rate = np.stack([y[train & (o.task_label_of == d)].mean(axis=0) for d in range(len(o.task_labels))])
+    mean_cost = np.stack([o.cost_usd[train & (o.task_label_of == d)].mean(axis=0) for d in range(len(o.task_labels))])
+    expected_cost = mean_cost[o.task_label_of[test]]
     rows = np.arange(int(test.sum()))
     points = []
     for usd_weight in config.usd_weights:
@@ -110,7 +110,7 @@ def ceiling(tasks: Sequence[Task], o: Outcomes, test: np.ndarray, config: Router
         "about": f"logistic regression per model on 2^{config.feature_bits} hashed uni/bigrams + task label, "
                  f"trained on {int(train.sum())} train questions, routed on {int(test.sum())} test questions",
         "test_log_loss": _log_loss(p, y[test]),
-        "test_log_loss_task_base_rate": _log_loss(np.clip(base_rate[o.domain_of[test]], 1e-6, 1 - 1e-6), y[test]),
+        "test_log_loss_task_base_rate": _log_loss(np.clip(base_rate[o.task_label_of[test]], 1e-6, 1 - 1e-6), y[test]),
         "points": points,
     }
 

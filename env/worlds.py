@@ -1,6 +1,6 @@
 """Worlds: a worker pool plus the tasks it is asked about, built from typed configs (docs/design.md section 5).
 
-- `synthetic`: a parametric pool (skill matrix workers x domains, latency, price) on generated questions, with a
+- `synthetic`: a parametric pool (skill matrix workers x tasks, latency, price) on generated questions, with a
   known optimal policy and its expected reward (`OraclePolicy`), so training can be compared with the oracle.
 - `replay`: the seven RouterDC models replaying their recorded per-question outcomes.
 - `local`: real small transformers models (SmolLM2-135M-Instruct) running in-process.
@@ -34,15 +34,15 @@ from env.workers.replay import ROUTERDC_MODELS, ReplayWorker
 from env.workers.simulated import AnswerModel, SimulatedWorker
 from env.workflow import Step, Workflow
 
-SYNTHETIC_DOMAINS = ("arithmetic", "algebra", "logic", "trivia")
+SYNTHETIC_TASK_LABELS = ("arithmetic", "algebra", "logic", "trivia")
 
 
 @dataclasses.dataclass(frozen=True)
 class OraclePlan:
-    """The best workflow for one domain: `earlier` steps by the domain's most skilled worker that read nothing,
+    """The best workflow for one task: `earlier` steps by the task's most skilled worker that read nothing,
     then a final step by `final` that reads them all (no earlier steps: a single step)."""
 
-    domain: str
+    task_label: str
     earlier: tuple[int, ...]
     final: int
     p_correct: float
@@ -56,7 +56,7 @@ class OraclePlan:
 
 @dataclasses.dataclass(frozen=True)
 class OraclePolicy:
-    """Per-domain optimal plans and the expected reward of following them on the world's task mix."""
+    """Per-task optimal plans and the expected reward of following them on the world's task mix."""
 
     plans: Mapping[str, OraclePlan]
     expected_reward: float
@@ -64,14 +64,14 @@ class OraclePolicy:
 
 def optimal_policy(
     skills: Mapping[str, Sequence[float]],
-    domain_weights: Mapping[str, float],
+    task_weights: Mapping[str, float],
     answer_model: AnswerModel,
     reward_config: RewardConfig,
     max_steps: int,
 ) -> OraclePolicy:
-    """The best workflow per domain under the simulated workers' `AnswerModel`, by exhaustive search.
+    """The best workflow per task under the simulated workers' `AnswerModel`, by exhaustive search.
 
-    `skills[domain][w]` is worker w's probability of being right. The final answer is right with
+    `skills[task][w]` is worker w's probability of being right. The final answer is right with
     P = p_final when it reads no correct earlier response, else 1 - (1 - p_final)(1 - adopt_rate) under "adopt".
     Whether any earlier step is right does not depend on what the earlier steps read (a step that reads a correct
     response adds nothing to "some earlier step is right"), so for k steps the best plan is k - 1 calls of the
@@ -83,7 +83,7 @@ def optimal_policy(
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     plans: dict[str, OraclePlan] = {}
-    for domain, row in skills.items():
+    for task_label, row in skills.items():
         best = max(range(len(row)), key=lambda w: row[w])
         candidates = []
         for steps in range(1, max_steps + 1):
@@ -99,11 +99,11 @@ def optimal_policy(
                     - reward_config.step_penalty * steps
                 )
                 candidates.append(
-                    (expected, -steps, OraclePlan(domain, (best,) * (steps - 1), final, p_correct, expected))
+                    (expected, -steps, OraclePlan(task_label, (best,) * (steps - 1), final, p_correct, expected))
                 )
-        plans[domain] = max(candidates, key=lambda candidate: candidate[:2])[2]
-    total_weight = sum(domain_weights.values())
-    expected = sum(plans[d].expected_reward * weight for d, weight in domain_weights.items()) / total_weight
+        plans[task_label] = max(candidates, key=lambda candidate: candidate[:2])[2]
+    total_weight = sum(task_weights.values())
+    expected = sum(plans[d].expected_reward * weight for d, weight in task_weights.items()) / total_weight
     return OraclePolicy(plans=plans, expected_reward=expected)
 
 
@@ -127,14 +127,14 @@ class World:
 
 @dataclasses.dataclass(frozen=True)
 class SyntheticWorldConfig:
-    """Workers x domains skill matrix. Without `skills`, worker w specialises in domain w mod 4 (skill drawn in
+    """Workers x tasks skill matrix. Without `skills`, worker w specialises in task w mod 4 (skill drawn in
     [0.75, 0.95]) and is weaker elsewhere ([0.1, 0.5]), drawn from `seed`. `prices` gives one price per worker
     (default free)."""
 
     num_workers: int = 4
     num_tasks: int = 1000
     seed: int = 0
-    skills: tuple[tuple[float, ...], ...] | None = None  # [worker][domain], domains in SYNTHETIC_DOMAINS order
+    skills: tuple[tuple[float, ...], ...] | None = None  # [worker][task], tasks in SYNTHETIC_TASK_LABELS order
     latency_s: float = 0.0
     latency_sigma: float = 0.0  # > 0: each call's latency is lognormal with median latency_s (`SimulatedWorker`)
     completion_tokens: int = 200
@@ -145,10 +145,10 @@ class SyntheticWorldConfig:
         if self.num_workers < 1 or self.num_tasks < 1:
             raise ValueError(f"need >= 1 worker and task, got {self.num_workers}, {self.num_tasks}")
         if self.skills is not None:
-            if len(self.skills) != self.num_workers or any(len(r) != len(SYNTHETIC_DOMAINS) for r in self.skills):
+            if len(self.skills) != self.num_workers or any(len(r) != len(SYNTHETIC_TASK_LABELS) for r in self.skills):
                 raise ValueError(
-                    f"skills must be {self.num_workers} rows (workers) of {len(SYNTHETIC_DOMAINS)} values "
-                    f"(domains {', '.join(SYNTHETIC_DOMAINS)})"
+                    f"skills must be {self.num_workers} rows (workers) of {len(SYNTHETIC_TASK_LABELS)} values "
+                    f"(tasks {', '.join(SYNTHETIC_TASK_LABELS)})"
                 )
             if any(not 0.0 <= s <= 1.0 for row in self.skills for s in row):
                 raise ValueError("every skill must be in [0, 1]")
@@ -161,8 +161,8 @@ class SyntheticWorldConfig:
         rng = random.Random(self.seed)
         return tuple(
             tuple(
-                rng.uniform(0.75, 0.95) if d == w % len(SYNTHETIC_DOMAINS) else rng.uniform(0.1, 0.5)
-                for d in range(len(SYNTHETIC_DOMAINS))
+                rng.uniform(0.75, 0.95) if d == w % len(SYNTHETIC_TASK_LABELS) else rng.uniform(0.1, 0.5)
+                for d in range(len(SYNTHETIC_TASK_LABELS))
             )
             for w in range(self.num_workers)
         )
@@ -299,7 +299,7 @@ def _synthetic(config: SyntheticWorldConfig, reward_config: RewardConfig, max_st
     pool: list[Worker] = [
         SimulatedWorker(
             f"synthetic-{w}",
-            dict(zip(SYNTHETIC_DOMAINS, matrix[w])),
+            dict(zip(SYNTHETIC_TASK_LABELS, matrix[w])),
             latency_s=config.latency_s,
             latency_sigma=config.latency_sigma,
             completion_tokens=config.completion_tokens,
@@ -309,22 +309,22 @@ def _synthetic(config: SyntheticWorldConfig, reward_config: RewardConfig, max_st
         for w in range(config.num_workers)
     ]
     tasks = task_library.load("synthetic", limit=config.num_tasks, seed=config.seed)
-    skills_by_domain, weights = synthetic_skills_and_weights(config, tasks)
+    skills_by_task, weights = synthetic_skills_and_weights(config, tasks)
     oracle = None
     # Token and USD penalties depend on the text a policy writes, so no plan is known to be optimal under them.
     if not (reward_config.token_penalty or reward_config.usd_penalty):
-        oracle = optimal_policy(skills_by_domain, weights, config.answer_model, reward_config, max_steps)
+        oracle = optimal_policy(skills_by_task, weights, config.answer_model, reward_config, max_steps)
     return World("synthetic", pool, tasks, oracle)
 
 
 def synthetic_skills_and_weights(
     config: SyntheticWorldConfig, tasks: Sequence[Task]
 ) -> tuple[dict[str, list[float]], dict[str, int]]:
-    """Each domain's worker skills and its number of `tasks`: the mix `env.optimum` computes a synthetic world's exact
+    """Each task's worker skills and its number of `tasks`: the mix `env.optimum` computes a synthetic world's exact
     expected rewards over."""
     matrix = config.skill_matrix()
-    skills = {domain: [matrix[w][d] for w in range(config.num_workers)] for d, domain in enumerate(SYNTHETIC_DOMAINS)}
-    weights = {domain: sum(task.domain == domain for task in tasks) for domain in SYNTHETIC_DOMAINS}
+    skills = {task_label: [matrix[w][d] for w in range(config.num_workers)] for d, task_label in enumerate(SYNTHETIC_TASK_LABELS)}
+    weights = {task_label: sum(task.task_label == task_label for task in tasks) for task_label in SYNTHETIC_TASK_LABELS}
     return skills, weights
 
 
@@ -345,7 +345,7 @@ def replay_grades_by_family(tasks: Sequence[Task]) -> dict[str, np.ndarray]:
     each grade is the worker's recorded chance of being right, and a task listed twice is two rows."""
     rows: dict[str, list[list[float]]] = {}
     for task in tasks:
-        rows.setdefault(task.domain, []).append([task.metadata["scores"][model] for model in ROUTERDC_MODELS])
+        rows.setdefault(task.task_label, []).append([task.metadata["scores"][model] for model in ROUTERDC_MODELS])
     return {family: np.asarray(rows[family]) for family in sorted(rows)}
 
 

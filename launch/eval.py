@@ -58,7 +58,7 @@ def orchestration_table(figures: dict[str, dict[str, Any]]) -> str:
     lines = [
         "", f"Exact expected reward of each method's workflows on these questions (orchestration world; pools held out "
         f"of training: {first['heldout_pools']}): best fixed workflow per pool {first['best_fixed_reward']:.4f}, best "
-        f"per (domain, pool) {first['per_domain_reward']:.4f}, per-question optimum {first['optimum_reward']:.4f}. Gap "
+        f"per (task, pool) {first['per_task_reward']:.4f}, per-question optimum {first['optimum_reward']:.4f}. Gap "
         "closed: the fraction of the gap from the first to the last; shapes: share of workflows per access pattern.",
         "", "| method | expected reward | gap closed | shapes |", "|---|---|---|---|",
     ]

@@ -331,7 +331,7 @@ class ConductorService:
         if question in self._tasks:
             return self._tasks[question]
         digest = hashlib.sha256(question.encode()).hexdigest()[:16]
-        return Task(id=f"request/{digest}", domain="request", question=question, gold=None, grader=_no_gold)
+        return Task(id=f"request/{digest}", task_label="request", question=question, gold=None, grader=_no_gold)
 
     async def answer(
         self, question: str, options: RequestOptions, sampling: SamplingParams, temperatures: Sequence[float]

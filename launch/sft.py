@@ -6,8 +6,8 @@ completions that parse as workflows. The result is an HF directory (`--logdir`) 
 `launch.train --warm_start_steps=N` runs the same warm-start in-process.
 
 `--warm_start_task_probe_weight` > 0 trains, beside the likelihood, a linear probe (discarded afterwards) that
-predicts the question's domain from the hidden state where the first worker id is chosen (see `rl.supervised`): the
-student still routes uniformly, but its decision state carries the domain, so RL can learn per-domain routing from
+predicts the question's task from the hidden state where the first worker id is chosen (see `rl.supervised`): the
+student still routes uniformly, but its decision state carries the task, so RL can learn per-task routing from
 there.
 
 Launched on several hosts as one job (`conductor/distributed.py`), every process fits the same examples on one device
@@ -33,7 +33,7 @@ from conductor.conductor_env import build_env
 from conductor.generators import build_generator, share_gpu_with_torch_generator
 from conductor.loop_environment import TokenizedConductorEnv
 from conductor.model import load_conductor, save_trained_sampling
-from conductor.teachers import domain_labels
+from conductor.teachers import task_label_indices
 from conductor.warm_start import format_validity, warm_start
 from launch.flag_groups import conductor as conductor_flags
 from launch.flag_groups import console as console_flags
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> None:
     params = sampling_flags.from_flags()
     before = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)
     log.info("valid workflows before warm-start: %.1f%% (temperature %g)", 100 * before, params.temperature)
-    trainer = supervised_flags.from_flags(steps, len(domain_labels(world)))
+    trainer = supervised_flags.from_flags(steps, len(task_label_indices(world)))
     history = warm_start(model, world, steps, trainer, teacher_flags.from_flags())
     distributed.share_process_zero_weights(model)
     sync(model, 1)

@@ -39,7 +39,7 @@ from conductor.loop_environment import TokenizedConductorEnv
 from conductor.model import load_conductor, save_trained_sampling
 from conductor.outcomes import conductor_outcomes
 from conductor.report import summarize
-from conductor.teachers import domain_labels
+from conductor.teachers import task_label_indices
 from conductor.warm_start import warm_start
 from env import frontier
 from launch.flag_groups import conductor as conductor_flags
@@ -130,7 +130,7 @@ def main(argv: list[str]) -> None:
     lora = learner_flags.lora_from_flags(seed=0)
     lora_base_dir = log_dir / "lora_base" if lora.enabled and warm_start_steps else model_dir
     if warm_start_steps and fresh_run:
-        trainer = supervised_flags.from_flags(warm_start_steps, len(domain_labels(environment)))
+        trainer = supervised_flags.from_flags(warm_start_steps, len(task_label_indices(environment)))
         warm_start(model, environment, warm_start_steps, trainer, teacher_flags.from_flags())
     distributed.share_process_zero_weights(model)
     if lora_base_dir != model_dir and fresh_run and distributed.is_main_process():

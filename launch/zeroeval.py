@@ -90,9 +90,9 @@ def accuracy_table(tasks, correct: np.ndarray, directory) -> tuple[list[dict], n
     questions where the two disagree; and the matrix of ZeroEval's verdicts (a missing record: wrong)."""
     rows = []
     by_rule = np.zeros_like(correct)
-    for domain in zeroeval.ZEROEVAL_TASKS:
-        published = zeroeval.published_accuracy(domain, directory)
-        mine = [q for q, t in enumerate(tasks) if t.domain == domain]
+    for task_label in zeroeval.ZEROEVAL_TASKS:
+        published = zeroeval.published_accuracy(task_label, directory)
+        mine = [q for q, t in enumerate(tasks) if t.task_label == task_label]
         for m, model in enumerate(zeroeval.ZEROEVAL_MODELS):
             project = rule = project_only = rule_only = 0
             recorded = [q for q in mine if model in tasks[q].metadata["records"]]
@@ -100,14 +100,14 @@ def accuracy_table(tasks, correct: np.ndarray, directory) -> tuple[list[dict], n
                 task = tasks[q]
                 record = task.metadata["records"][model]
                 by_project = bool(correct[q, m])
-                right = zeroeval.zeroeval_grade(domain, zeroeval.zeroeval_answer(record.output, model), task.gold)
+                right = zeroeval.zeroeval_grade(task_label, zeroeval.zeroeval_answer(record.output, model), task.gold)
                 by_rule[q, m] = right
                 project += by_project
                 rule += right
                 project_only += by_project and not right
                 rule_only += right and not by_project
             rows.append({
-                "task": domain, "model": model, "questions": len(mine), "records": len(recorded),
+                "task": task_label, "model": model, "questions": len(mine), "records": len(recorded),
                 "project": project / len(mine), "zeroeval_rule_over_records": rule / len(recorded),
                 "published": published.get(model), "only_project_right": project_only, "only_rule_right": rule_only,
             })
@@ -136,7 +136,7 @@ def reference_points(o: frontier.Outcomes) -> dict:
     routes = frontier.task_routing_points(o)
     within = frontier.cheapest_within([p for _, p in routes], o1.accuracy - 0.01)
     return {
-        "questions": int(len(o.domain_of)),
+        "questions": int(len(o.task_label_of)),
         "single": {p.route: p.summary() for p in singles},
         "best_single": {"model": frontier.best_single(o).route, **frontier.best_single(o).summary()},
         "cheapest": {"model": frontier.cheapest_single(o).route, **frontier.cheapest_single(o).summary()},
@@ -184,11 +184,11 @@ def markdown(results: dict) -> str:
 
 
 def run(directory: pathlib.Path, factors: Sequence[float], split_seed: int) -> dict:
-    tasks = [t for domain in zeroeval.ZEROEVAL_TASKS for t in zeroeval.load_zeroeval(domain, directory)]
+    tasks = [t for task_label in zeroeval.ZEROEVAL_TASKS for t in zeroeval.load_zeroeval(task_label, directory)]
     test = np.zeros(len(tasks), dtype=bool)
-    for domain in zeroeval.ZEROEVAL_TASKS:
-        ids = {f"zeroeval/{domain}/{i}" for i in zeroeval.split_indices(
-            domain, sum(t.domain == domain for t in tasks), "test", split_seed)}
+    for task_label in zeroeval.ZEROEVAL_TASKS:
+        ids = {f"zeroeval/{task_label}/{i}" for i in zeroeval.split_indices(
+            task_label, sum(t.task_label == task_label for t in tasks), "test", split_seed)}
         test |= np.array([t.id in ids for t in tasks])
     results = {"costs": {}}
     correct = None

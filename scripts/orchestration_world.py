@@ -3,11 +3,11 @@
     python scripts/orchestration_world.py [--budget=1920] [--seeds=0,1,2,3,4,5,6,7,8,9] [--drawn_outcomes]
 
 With launch/configs/orchestration.cfg's world and reward, prints per split (train, validation, test): its pools, the
-mean exact expected reward of the best fixed workflow per pool, the best per (domain, pool) and the per-question
+mean exact expected reward of the best fixed workflow per pool, the best per (task, pool) and the per-question
 optimum, the optimum's share of questions per access pattern, the optimum per (difficulty) in steps; then the bandit
 trained on the training split with `--budget` pulls, once per seed, scored exactly on each split (mean and 95% t
 interval over seeds, and the gap it closes). Each pull sees the arm's exact expected reward, as the recipe's
-`--expected_grades` run sees each sample's; `--drawn_outcomes`: a drawn right/wrong outcome instead. `launch.eval --methods=best_fixed,domain_optimum,optimum,bandit` gives
+`--expected_grades` run sees each sample's; `--drawn_outcomes`: a drawn right/wrong outcome instead. `launch.eval --methods=best_fixed,task_optimum,optimum,bandit` gives
 the same figures through the env, one seed at a time.
 """
 
@@ -43,7 +43,7 @@ def main() -> None:
     config = OrchestrationWorldConfig(answer_model=ANSWER_MODEL)
     worlds = {split: build_world(dataclasses.replace(config, split=split), REWARD, MAX_STEPS) for split in SPLITS}
     reference = worlds["train"].orchestration
-    print("| split | pools | questions | best fixed per pool | best per (domain, pool) | per-question optimum | gap | "
+    print("| split | pools | questions | best fixed per pool | best per (task, pool) | per-question optimum | gap | "
           "optimum's shapes |")
     print("|---|---|---|---|---|---|---|---|")
     for split, world in worlds.items():
@@ -51,7 +51,7 @@ def main() -> None:
         shapes = ", ".join(f"{name} {share:.3f}" for name, share in figures["optimum_shapes"].items())
         pools = " ".join("".join(str(w) for w in pool) for pool in pool_split(config)[split])
         print(f"| {split} | {pools} | {len(world.tasks)} | {figures['best_fixed_reward']:.4f} | "
-              f"{figures['per_domain_reward']:.4f} | {figures['optimum_reward']:.4f} | "
+              f"{figures['per_task_reward']:.4f} | {figures['optimum_reward']:.4f} | "
               f"{figures['optimum_reward'] - figures['best_fixed_reward']:.4f} | {shapes} |")  # fmt: skip
     steps: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for world in worlds.values():

@@ -10,8 +10,8 @@ Reads a `launch.compare --sweep=usd_penalty=...` directory (`<out>/usd_penalty=<
 compare has written its run_summary.json, whose greedy evaluation gives the point) and a `launch.eval` results.json
 of the same world. Draws each fixed policy (each worker alone, random routing, the oracle), the trained Conductors
 (each seed a dot, the mean over seeds a labelled point per penalty; a run whose greedy Conductor writes no valid
-workflow is named instead), and the best routing per domain for every
-penalty: each domain sent to the worker with the highest accuracy less penalty times cost, computed from the
+workflow is named instead), and the best routing per task for every
+penalty: each task sent to the worker with the highest accuracy less penalty times cost, computed from the
 single-worker rows (exact under --expected_grades). Prints the table as markdown, and per seed the accuracy its trained
 Conductors reach at random routing's cost (sending each question to one of two of them at random reaches any point on
 the line between them).
@@ -64,16 +64,16 @@ def accuracy_at_cost(points: list[tuple[float, float]], cost: float) -> float | 
 
 
 def best_routing_curve(singles: dict[str, dict], penalties: np.ndarray) -> list[tuple[float, float, float]]:
-    """(penalty, accuracy, cost) of sending each domain to its best worker at that penalty, where it changes."""
-    domains = sorted(next(iter(singles.values()))["domains"])
-    questions = np.asarray([next(iter(singles.values()))["domains"][d]["questions"] for d in domains], dtype=float)
+    """(penalty, accuracy, cost) of sending each task to its best worker at that penalty, where it changes."""
+    task_labels = sorted(next(iter(singles.values()))["tasks"])
+    questions = np.asarray([next(iter(singles.values()))["tasks"][d]["questions"] for d in task_labels], dtype=float)
     weights = questions / questions.sum()
-    accuracy = np.asarray([[row["domains"][d]["correct"] for d in domains] for row in singles.values()])
-    cost = np.asarray([[row["domains"][d]["cost_usd"] for d in domains] for row in singles.values()])
+    accuracy = np.asarray([[row["tasks"][d]["correct"] for d in task_labels] for row in singles.values()])
+    cost = np.asarray([[row["tasks"][d]["cost_usd"] for d in task_labels] for row in singles.values()])
     curve: list[tuple[float, float, float]] = []
     for penalty in penalties:
         choice = np.argmax(accuracy - penalty * cost, axis=0)
-        columns = np.arange(len(domains))
+        columns = np.arange(len(task_labels))
         point = (float(penalty), float(weights @ accuracy[choice, columns]), float(weights @ cost[choice, columns]))
         if not curve or point[1:] != curve[-1][1:]:
             curve.append(point)
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> None:
 
     figure, axis = plt.subplots(figsize=(7.5, 4.6))
     axis.plot([c for _, _, c in curve], [a for _, a, _ in curve], "--.", color="black",
-              label="best routing per domain at each penalty (exact)")
+              label="best routing per task at each penalty (exact)")
     names_at: dict[tuple[float, float], list[str]] = {}
     for name, point in fixed.items():
         names_at.setdefault((round(point[0], 4), round(point[1], 6)), []).append(name)

@@ -4,7 +4,7 @@
 
 Prints the train files' mean grade of every worker in every family (what the shares are read against), then for each
 run and window of iterations: the mean reward, the share of completions whose reasoning line names the question's own
-domain (`--warm_start_reasoning=domain` runs; decoded with the run's conductor_init tokenizer), and per family the share
+task (`--warm_start_reasoning=task` runs; decoded with the run's conductor_init tokenizer), and per family the share
 of routes each worker got. Then the feedback the run could have had: per family, every worker's mean grade over the
 questions the run drew (each drawn question once per iteration that drew it), the best worker on that sample and its
 lead over the second: where that lead is small, the family's route is a coin flip for any learner fed those draws.
@@ -44,7 +44,7 @@ def family_table(tasks) -> None:
 
 def drawn_questions_report(records, tasks) -> None:
     drawn = [tasks[question] for _, question in {(r["step"], r["question"]) for r in records}]
-    questions = collections.Counter(task.domain for task in drawn)
+    questions = collections.Counter(task.task_label for task in drawn)
     print("  the questions it drew, every worker's mean grade:")
     for family, means in family_means(drawn).items():
         first, second = np.argsort(-means)[:2]
@@ -55,7 +55,7 @@ def drawn_questions_report(records, tasks) -> None:
 def advantage_weight_report(records, tasks) -> None:
     rows, nonzero, weight = collections.Counter(), collections.Counter(), collections.Counter()
     for r in records:
-        family = tasks[r["question"]].domain
+        family = tasks[r["question"]].task_label
         rows[family] += 1
         nonzero[family] += r["advantage"] != 0
         weight[family] += abs(r["advantage"])
@@ -67,13 +67,13 @@ def advantage_weight_report(records, tasks) -> None:
 
 def window_report(records, tasks, tokenizer) -> None:
     named = np.mean([
-        f"This is a {tasks[r['question']].domain} question." in tokenizer.decode(r["completion_ids"]) for r in records
+        f"This is a {tasks[r['question']].task_label} question." in tokenizer.decode(r["completion_ids"]) for r in records
     ])
-    print(f"reward {np.mean([r['reward'] for r in records]):.3f}, own domain named {named:.2f}")
+    print(f"reward {np.mean([r['reward'] for r in records]):.3f}, own task named {named:.2f}")
     counts = collections.defaultdict(lambda: np.zeros(len(ROUTERDC_MODELS) + 1))
     for r in records:
         workers = r.get("workers") or []
-        counts[tasks[r["question"]].domain][workers[0] if len(workers) == 1 else -1] += 1
+        counts[tasks[r["question"]].task_label][workers[0] if len(workers) == 1 else -1] += 1
     for family, row in sorted(counts.items()):
         share = row / row.sum()
         print(f"    {family:11} " + " ".join(f"{s:12.2f}" for s in share[:-1]) + f"  invalid {share[-1]:.2f}")

@@ -44,8 +44,8 @@ def main(out: pathlib.Path) -> None:
             continue
         evaluation = summary["eval"]
         print(line + f"  greedy {100 * evaluation['average_accuracy']:.2f}")
-        for family, scores in sorted(evaluation["domains"].items()):
-            chosen = evaluation["workers_chosen_by_domain"].get(family, {})
+        for family, scores in sorted(evaluation["tasks"].items()):
+            chosen = evaluation["workers_chosen_by_task"].get(family, {})
             total = sum(chosen.values()) or 1
             top = max(chosen, key=chosen.get) if chosen else "-"
             print(f"    {family:14} {100 * scores['correct']:6.2f}  {top} {chosen.get(top, 0) / total:.2f}")

@@ -17,7 +17,7 @@ class Task:
     """
 
     id: str
-    domain: str
+    task_label: str
     question: str
     gold: Any
     grader: Grader = dataclasses.field(repr=False, compare=False)

@@ -72,7 +72,7 @@ def load_humaneval(records: Iterable[dict[str, Any]] | None = None) -> list[Task
         tasks.append(
             Task(
                 id=problem["task_id"],
-                domain="humaneval",
+                task_label="humaneval",
                 question=f"Complete this Python function.\n\n```python\n{problem['prompt']}```\n\n{CODE_INSTRUCTION}",
                 gold=tests,
                 grader=grade_code,
@@ -86,7 +86,7 @@ def load_math500(records: Iterable[dict[str, Any]]) -> list[Task]:
     return [
         Task(
             id=f"math500/{record.get('unique_id', index)}",
-            domain="math",
+            task_label="math",
             question=f"{record['problem']}\n\n{ANSWER_INSTRUCTION}",
             gold=str(record["answer"]),
             grader=grade_math,
@@ -104,7 +104,7 @@ def load_aime(records: Iterable[dict[str, Any]]) -> list[Task]:
         tasks.append(
             Task(
                 id=f"aime/{record.get('id', record.get('ID', index))}",
-                domain="math",
+                task_label="math",
                 question=f"{problem}\n\n{ANSWER_INSTRUCTION}",
                 gold=str(answer).strip(),
                 grader=grade_math,
@@ -123,7 +123,7 @@ def load_mmlu(records: Iterable[dict[str, Any]]) -> list[Task]:
         tasks.append(
             Task(
                 id=f"mmlu/{record.get('subject', 'all')}/{index}",
-                domain="mmlu",
+                task_label="mmlu",
                 question=_choice_question(record["question"], choices),
                 gold=letter,
                 grader=grade_choice,
@@ -146,7 +146,7 @@ def load_gpqa(records: Iterable[dict[str, Any]], seed: int = 0) -> list[Task]:
         tasks.append(
             Task(
                 id=f"gpqa/{record_id}",
-                domain="gpqa",
+                task_label="gpqa",
                 question=_choice_question(record["Question"].strip(), choices),
                 gold=_LETTERS[position],
                 grader=grade_choice,
@@ -170,7 +170,7 @@ def load_rlpr(records: Iterable[dict[str, Any]]) -> list[Task]:
         tasks.append(
             Task(
                 id=f"rlpr/{record.get('data_source', 'rlpr')}/{index}",
-                domain="rlpr",
+                task_label="rlpr",
                 question=f"{question.strip()}\n\n{ANSWER_INSTRUCTION}",
                 gold=str(reward_model["ground_truth"]).strip(),
                 grader=grade_short_answer,
@@ -203,7 +203,7 @@ def load_livecodebench(records: Iterable[dict[str, Any]]) -> list[Task]:
         tasks.append(
             Task(
                 id=f"livecodebench/{record['question_id']}",
-                domain="livecodebench",
+                task_label="livecodebench",
                 question=f"{record['question_content'].strip()}\n\n{how}\n\n{CODE_INSTRUCTION}",
                 gold=tests,
                 grader=grade_code,

@@ -74,9 +74,9 @@ def family(stem: str) -> str:
     return _SPLIT_SUFFIX_RE.sub("", stem.lower())
 
 
-def probability_right(domain: str, score: float) -> float:
+def probability_right(task_label: str, score: float) -> float:
     """The probability that a model's answer is right, from its recorded score on a question of this family."""
-    return float(score > 0) if domain in MULTIPLE_CHOICE_FAMILIES else float(score)
+    return float(score > 0) if task_label in MULTIPLE_CHOICE_FAMILIES else float(score)
 
 
 def load_routerdc(stem: str, path: str | os.PathLike | None = None) -> list[Task]:
@@ -89,8 +89,8 @@ def load_routerdc(stem: str, path: str | os.PathLike | None = None) -> list[Task
     records = json.loads(file.read_text(encoding="utf-8"))
     if not isinstance(records, list):
         raise ValueError(f"{file} must hold a JSON list of records, got {type(records).__name__}")
-    domain = family(stem)
-    instruction = CODE_INSTRUCTION if domain in CODE_FAMILIES else ANSWER_INSTRUCTION
+    task_label = family(stem)
+    instruction = CODE_INSTRUCTION if task_label in CODE_FAMILIES else ANSWER_INSTRUCTION
     tasks = []
     for index, record in enumerate(records):
         if not isinstance(record, dict) or "question" not in record or not isinstance(record.get("scores"), dict):
@@ -98,12 +98,12 @@ def load_routerdc(stem: str, path: str | os.PathLike | None = None) -> list[Task
         tasks.append(
             Task(
                 id=f"routerdc/{stem}/{index}",
-                domain=domain,
+                task_label=task_label,
                 question=f"{record['question'].strip()}\n\n{instruction}",
                 gold=f"routerdc:{stem}:{index}",
                 grader=grade_exact,
                 metadata={
-                    "scores": {name: probability_right(domain, score) for name, score in record["scores"].items()}
+                    "scores": {name: probability_right(task_label, score) for name, score in record["scores"].items()}
                 },
             )
         )

@@ -1,6 +1,6 @@
 """Generated questions with known answers, for the synthetic world (docs/design.md section 5).
 
-Four domains, graded by the normal graders: `arithmetic` and `algebra` (math grader), `logic` (ordering puzzles)
+Four tasks, graded by the normal graders: `arithmetic` and `algebra` (math grader), `logic` (ordering puzzles)
 and `trivia` (calendar facts), both short-answer graded. Everything is a function of the seed.
 """
 
@@ -13,7 +13,7 @@ from env.tasks.answers import ANSWER_INSTRUCTION
 from env.tasks.base import Task
 from env.tasks.graders import grade_math, grade_short_answer
 
-DOMAINS = ("arithmetic", "algebra", "logic", "trivia")
+TASK_LABELS = ("arithmetic", "algebra", "logic", "trivia")
 DEFAULT_COUNT = 1000
 
 _NAMES = ("Ava", "Ben", "Cleo", "Dev", "Emil", "Farah", "Gus", "Hana", "Ivan", "Jun", "Kira", "Leo")
@@ -27,21 +27,21 @@ _MONTHS = (
 
 
 def load_synthetic(count: int = DEFAULT_COUNT, seed: int = 0) -> list[Task]:
-    """`count` questions cycling through the domains, so every domain gets a near-equal share."""
+    """`count` questions cycling through the tasks, so every task gets a near-equal share."""
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
     rng = random.Random(seed)
     tasks = []
     for index in range(count):
-        domain = DOMAINS[index % len(DOMAINS)]
-        question, gold, distractors = _GENERATORS[domain](rng)
+        task_label = TASK_LABELS[index % len(TASK_LABELS)]
+        question, gold, distractors = _GENERATORS[task_label](rng)
         tasks.append(
             Task(
-                id=f"synthetic/{domain}/{seed}/{index}",
-                domain=domain,
+                id=f"synthetic/{task_label}/{seed}/{index}",
+                task_label=task_label,
                 question=f"{question}\n\n{ANSWER_INSTRUCTION}",
                 gold=gold,
-                grader=grade_math if domain in ("arithmetic", "algebra") else grade_short_answer,
+                grader=grade_math if task_label in ("arithmetic", "algebra") else grade_short_answer,
                 metadata={"distractors": distractors},
             )
         )

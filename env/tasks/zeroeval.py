@@ -344,7 +344,7 @@ def load_zeroeval(
         tasks.append(
             Task(
                 id=f"zeroeval/{task}/{index}",
-                domain=task,
+                task_label=task,
                 question=f"{str(row[_QUESTION_FIELD[task]]).strip()}\n\n{ANSWER_INSTRUCTION}",
                 gold=gold_answer(task, row),
                 grader=grader,

@@ -79,14 +79,14 @@ def count_tokens(text: str, tokenizer: Tokenizer) -> int:
     raise ValueError(f"unknown tokenizer {tokenizer!r}; choose from {', '.join(TOKENIZERS)}")
 
 
-def recorded_text(record: Record, model: str, domain: str) -> str:
+def recorded_text(record: Record, model: str, task_label: str) -> str:
     """What the worker answers: the recorded output, then the answer ZeroEval reads from it in `<answer>` tags. A
     CRUXEval answer is written as ZeroEval compares it (`crux_answer`), in double quotes: the tag's reader strips
     surrounding spaces, which are part of a string answer."""
     answer = zeroeval_answer(record.output, model)
     if answer is None:
         return record.output
-    if domain == "crux":
+    if task_label == "crux":
         answer = f'"{crux_answer(answer)}"'
     return f"{record.output}\n\n<answer>{answer}</answer>"
 
@@ -136,7 +136,7 @@ class RecordedWorker:
         prompt_tokens = count_tokens(record.prompt, self.tokenizer)
         completion_tokens = math.ceil(count_tokens(record.output, self.tokenizer) * self.output_factor)
         return WorkerReply(
-            text=recorded_text(record, self.model, task.domain),
+            text=recorded_text(record, self.model, task.task_label),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cost_usd=self.price.cost(prompt_tokens, completion_tokens),

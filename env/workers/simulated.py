@@ -1,4 +1,4 @@
-"""A simulated worker: right with a per-domain skill probability, with latency, token counts and a price.
+"""A simulated worker: right with a per-task skill probability, with latency, token counts and a price.
 
 It answers with `env.tasks.reference_response(task)` (grades 1.0) or `env.tasks.wrong_response(task, rng)`
 (grades 0.0), so the normal graders score it. What it does inside a multi-step workflow is a modelling choice,
@@ -64,7 +64,7 @@ def call_draw(seed: int | None, *parts: str) -> tuple[float, int | None]:
 
 
 class SimulatedWorker:
-    """A worker with a skill per task domain (probability of a correct answer), a latency and a price.
+    """A worker with a skill per task label (probability of a correct answer), a latency and a price.
 
     A call takes `latency_s` seconds, or with `latency_sigma` > 0 a lognormal draw with median `latency_s`:
     latency_s * exp(latency_sigma * z), z standard normal, drawn like the answer (fixed by the call's seed and
@@ -88,9 +88,9 @@ class SimulatedWorker:
         price: Price = FREE,
         answer_model: AnswerModel = AnswerModel(),
     ) -> None:
-        for domain, skill in {**skills, "default": default_skill if default_skill is not None else 0.0}.items():
+        for task_label, skill in {**skills, "default": default_skill if default_skill is not None else 0.0}.items():
             if not 0.0 <= skill <= 1.0:
-                raise ValueError(f"{name}: skill for {domain!r} must be in [0, 1], got {skill}")
+                raise ValueError(f"{name}: skill for {task_label!r} must be in [0, 1], got {skill}")
         if latency_s < 0:
             raise ValueError(f"{name}: latency_s must be >= 0, got {latency_s}")
         if latency_sigma < 0:
@@ -116,10 +116,10 @@ class SimulatedWorker:
         return f"{self.name} [skills={sorted(self.skills.items())}, default={self.default_skill}, {self.answer_model}]"
 
     def skill(self, task: "Task") -> float:
-        if task.domain in self.skills:
-            return self.skills[task.domain]
+        if task.task_label in self.skills:
+            return self.skills[task.task_label]
         if self.default_skill is None:
-            raise WorkerError(f"{self.name}: no skill for domain {task.domain!r} and no default_skill")
+            raise WorkerError(f"{self.name}: no skill for task {task.task_label!r} and no default_skill")
         return self.default_skill
 
     def p_right(self, messages: Sequence[Message], task: "Task") -> float:

@@ -7,7 +7,7 @@ one thread, so the wall time is also bounded below by the CPU time the run needs
 asyncio floor (the same lanes and sleeps with no executor, prompts or workers) measured in the same run.
 
 Tasks are RouterDC MMLU questions (exact-match graded): the simulated worker's wrong answers on the synthetic
-math domains are checked with math-verify (about 1 ms each), which would time the grader, not the executor.
+math tasks are checked with math-verify (about 1 ms each), which would time the grader, not the executor.
 """
 
 from __future__ import annotations

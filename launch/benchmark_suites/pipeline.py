@@ -2,7 +2,7 @@
 worker latencies.
 
 The world, the Conductor and the learner are launch/configs/synthetic.cfg's (four specialist workers, a tiny
-Conductor warm-started with the domain probe, GRPO with the sampler's log-probs as the old ones), except that every
+Conductor warm-started with the task probe, GRPO with the sampler's log-probs as the old ones), except that every
 worker call takes a lognormal time, median LATENCY_MEDIAN_S and log-std LATENCY_SIGMA (the shape of API latencies,
 a heavy right tail: `env.workers.simulated.SimulatedWorker`), and each run is ITERATIONS iterations. The Conductor
 is warm-started once; then, for each seed, it trains at K = 0, 1 and 2, one run after the other in this process,
@@ -31,7 +31,7 @@ from conductor.conductor_env import build_env
 from conductor.generators import build_generator
 from conductor.loop_environment import TokenizedConductorEnv
 from conductor.model import load_conductor
-from conductor.teachers import domain_labels
+from conductor.teachers import task_label_indices
 from conductor.warm_start import warm_start
 from launch.benchmark_suites.common import Report
 from launch.flag_groups import conductor as conductor_flags
@@ -112,7 +112,7 @@ def run() -> Report:
         env = build_env(environment_flags.from_flags())
         environment = TokenizedConductorEnv(env, tokenizer)
         steps = supervised_flags.steps(default=0)
-        warm_start(model, environment, steps, supervised_flags.from_flags(steps, len(domain_labels(environment))),
+        warm_start(model, environment, steps, supervised_flags.from_flags(steps, len(task_label_indices(environment))),
                    teacher_flags.from_flags())
         warm_dir = hf_io.save(model, workdir / "warm_started")
         tokenizer.save_pretrained(warm_dir)

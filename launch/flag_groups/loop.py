@@ -47,8 +47,8 @@ _FIELDS = {
 _BALANCE_ROUTES = flags.DEFINE_float(
     "balance_routes", 0.0,
     "Subtract this fraction (0 to 1) of each completion's route's mean advantage over the batch from its "
-    "advantage; at 1 no route is pushed up in every task domain by what it earns in one (the spillover between "
-    "domains), in between the push is partly removed.",
+    "advantage; at 1 no route is pushed up in every task label by what it earns in one (the spillover between "
+    "tasks), in between the push is partly removed.",
     lower_bound=0.0, upper_bound=1.0,
 )
 _POOL_ROUTES_BY_TASK = flags.DEFINE_float(

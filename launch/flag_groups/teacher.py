@@ -22,7 +22,7 @@ _FIELDS = {
     "reasoning": flags.DEFINE_enum(
         "warm_start_reasoning", "template", get_args(Reasoning),
         "The reasoning line of the templates and world teachers' workflows: the template's own, or the template's "
-        "opened by the question's task domain ('This is a gsm8k question.').",
+        "opened by the question's task label ('This is a gsm8k question.').",
     ),
     "all_routes": flags.DEFINE_boolean(
         "warm_start_all_routes", False,

@@ -40,7 +40,7 @@ _SYNTHETIC_WORKERS = flags.DEFINE_integer("synthetic_workers", 4, "Workers in th
 _SYNTHETIC_SKILLS = flags.DEFINE_string(
     "synthetic_skills", None,
     "The synthetic skill matrix: one row per worker, rows separated by ';', each the worker's probability of being "
-    "right on each domain (arithmetic, algebra, logic, trivia), comma-separated. Default: seeded specialists.",
+    "right on each task (arithmetic, algebra, logic, trivia), comma-separated. Default: seeded specialists.",
 )
 _SYNTHETIC_PRICES = flags.DEFINE_string(
     "synthetic_prices", None,

@@ -30,7 +30,7 @@ def _completion(world, worker: int) -> list[int]:
 
 def test_oracle_route_says_whether_the_final_worker_is_the_optimal_plans(world):
     question = 2
-    best = world.env.world.oracle.plans[world.tasks[question].domain].final
+    best = world.env.world.oracle.plans[world.tasks[question].task_label].final
     other = (best + 1) % 4
     completions = [_completion(world, best), _completion(world, other), world.tokenizer.encode("no workflow")]
     rollouts = world.score([question] * 3, completions, [None] * 3, [0, 1, 2])
@@ -66,7 +66,7 @@ def test_scoring_on_an_event_loop_gives_score_s_rollouts_and_runs_groups_side_by
 
 def test_a_recursion_round_that_keeps_its_answer_is_routed_as_the_round_that_gave_it(world):
     question = 2
-    best = world.env.world.oracle.plans[world.tasks[question].domain].final
+    best = world.env.world.oracle.plans[world.tasks[question].task_label].final
     other = (best + 1) % 4
     first = world.score([question] * 2, [_completion(world, best), _completion(world, other)], [None] * 2, [0, 1])
     keep = world.tokenizer.encode(completion_text(Workflow(steps=())), add_special_tokens=False)

@@ -10,11 +10,11 @@ from env.tasks.base import Task
 from env.workers.base import Message, WorkerError, WorkerReply
 
 
-def exact_task(task_id: str = "t0", question: str = "What is 6 * 7?", gold: str = "42", domain: str = "math") -> Task:
+def exact_task(task_id: str = "t0", question: str = "What is 6 * 7?", gold: str = "42", task_label: str = "math") -> Task:
     """A task graded by exact match of the `<answer>` content."""
     return Task(
         id=task_id,
-        domain=domain,
+        task_label=task_label,
         question=question,
         gold=gold,
         grader=lambda text, expected: float(extract_answer(text) == expected),

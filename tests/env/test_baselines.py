@@ -10,7 +10,7 @@ from env.workflow import parse_workflow, render_workflow
 
 
 def scored_task(scores):
-    return Task(id="q", domain="d", question="?", gold="g", grader=lambda text, gold: 0.0, metadata={"scores": scores})
+    return Task(id="q", task_label="d", question="?", gold="g", grader=lambda text, gold: 0.0, metadata={"scores": scores})
 
 
 def test_mixture_of_agents_layers_read_only_the_previous_layer_and_aggregate_last():

@@ -397,7 +397,7 @@ def test_all_164_humaneval_canonical_solutions_pass_in_each_layer_as_root_and_as
 
 def test_code_passes_carry_the_tamper_flag_into_the_rollout_metrics():
     humaneval = PROBLEMS["humaneval"]
-    task = Task(id="code/add", domain="code", question="Add.", grader=grade_code,
+    task = Task(id="code/add", task_label="code", question="Add.", grader=grade_code,
                 gold=CodeTests(kind="humaneval", entry_point="add", prompt=humaneval["prompt"],
                                test_code=humaneval["test_code"], limits=LIMITS))
     answers = {

@@ -327,4 +327,4 @@ def test_the_routerdc_files_fetched_from_a_mirror_of_the_team_copy_pass_the_pins
     finally:
         served.close()
     assert len(report.downloaded) == 16 and report.bytes_downloaded == sum(f.size for f in ROUTERDC_FILES.files)
-    assert [task.domain for task in load("routerdc/gsm8k-test", path=tmp_path / "routerdc", limit=2)] == ["gsm8k"] * 2
+    assert [task.task_label for task in load("routerdc/gsm8k-test", path=tmp_path / "routerdc", limit=2)] == ["gsm8k"] * 2

@@ -40,7 +40,7 @@ def test_per_task_best_breaks_ties_by_cost():
 def test_the_oracle_pays_the_cheapest_right_answer_and_the_cheapest_call_where_none_is_right():
     o = tiny()
     assert summary(frontier.oracle(o)) == (1.0, (2 + 3 + 1 + 3) / 4)
-    hopeless = Outcomes(o.models, o.domains, o.domain_of, o.correct & np.array([[1], [0], [1], [1]], dtype=bool),
+    hopeless = Outcomes(o.models, o.task_labels, o.task_label_of, o.correct & np.array([[1], [0], [1], [1]], dtype=bool),
                         o.cost_usd)
     assert summary(frontier.oracle(hopeless)) == (0.75, (2 + 1 + 1 + 3) / 4)
 
@@ -59,14 +59,14 @@ def test_the_task_routing_frontier_of_the_tiny_world():
 def test_the_frontier_is_exactly_the_undominated_assignments_by_brute_force():
     rng = np.random.default_rng(0)
     for trial in range(5):
-        questions, models, domains = 40, 4, 3
-        domain_of = rng.integers(0, domains, questions)
-        domain_of[:domains] = np.arange(domains)
-        o = Outcomes(tuple(f"m{m}" for m in range(models)), ("x", "y", "z"), domain_of,
+        questions, models, task_labels = 40, 4, 3
+        task_label_of = rng.integers(0, task_labels, questions)
+        task_label_of[:task_labels] = np.arange(task_labels)
+        o = Outcomes(tuple(f"m{m}" for m in range(models)), ("x", "y", "z"), task_label_of,
                      rng.random((questions, models)) < 0.5, rng.integers(1, 6, (questions, models)) / 1000)
         brute = set()
-        for assignment in itertools.product(range(models), repeat=domains):
-            chosen = np.array([assignment[d] for d in domain_of])
+        for assignment in itertools.product(range(models), repeat=task_labels):
+            chosen = np.array([assignment[d] for d in task_label_of])
             rows = np.arange(questions)
             brute.add((round(o.correct[rows, chosen].mean(), 12), round(o.cost_usd[rows, chosen].mean(), 12)))
         undominated = {p for p in brute if not any(q != p and q[0] >= p[0] and q[1] <= p[1] for q in brute)}
@@ -77,13 +77,13 @@ def test_the_frontier_is_exactly_the_undominated_assignments_by_brute_force():
 def test_outcomes_reject_inconsistent_shapes_and_costs():
     o = tiny()
     with pytest.raises(ValueError, match="must be"):
-        Outcomes(o.models[:2], o.domains, o.domain_of, o.correct, o.cost_usd)
-    with pytest.raises(ValueError, match="one domain index per question"):
-        Outcomes(o.models, o.domains, o.domain_of[:3], o.correct, o.cost_usd)
-    with pytest.raises(ValueError, match="indexes 2 domains"):
-        Outcomes(o.models, o.domains, np.array([0, 0, 1, 2]), o.correct, o.cost_usd)
+        Outcomes(o.models[:2], o.task_labels, o.task_label_of, o.correct, o.cost_usd)
+    with pytest.raises(ValueError, match="one task index per question"):
+        Outcomes(o.models, o.task_labels, o.task_label_of[:3], o.correct, o.cost_usd)
+    with pytest.raises(ValueError, match="indexes 2 tasks"):
+        Outcomes(o.models, o.task_labels, np.array([0, 0, 1, 2]), o.correct, o.cost_usd)
     with pytest.raises(ValueError, match="finite and >= 0"):
-        Outcomes(o.models, o.domains, o.domain_of, o.correct, -o.cost_usd)
+        Outcomes(o.models, o.task_labels, o.task_label_of, o.correct, -o.cost_usd)
 
 
 class _Fixed:
@@ -99,7 +99,7 @@ class _Fixed:
 
 
 def test_a_methods_summary_sits_beside_the_exact_baselines_of_the_same_questions():
-    tasks = [Task(f"t/{i}", domain, "q", "right", grade_exact) for i, domain in enumerate("aabb")]
+    tasks = [Task(f"t/{i}", task_label, "q", "right", grade_exact) for i, task_label in enumerate("aabb")]
     workers = [
         _Fixed("m0", {"t/0": "right", "t/1": "right", "t/2": "wrong", "t/3": "right"}, 3.0),
         _Fixed("m1", {"t/0": "wrong", "t/1": "wrong", "t/2": "right"}, 1.0),  # no record of t/3: wrong, no cost

@@ -134,7 +134,7 @@ def test_exact_grader_needs_the_exact_token():
 
 
 def test_task_rejects_a_grader_outside_the_unit_interval():
-    task = Task(id="t", domain="d", question="q", gold=None, grader=lambda response, gold: 2.0)
+    task = Task(id="t", task_label="d", question="q", gold=None, grader=lambda response, gold: 2.0)
     with pytest.raises(ValueError, match="outside \\[0, 1\\]"):
         task.grade("anything")
 

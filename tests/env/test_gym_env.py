@@ -318,7 +318,7 @@ def test_expected_grades_fall_back_to_grading_the_text():
     task = real.world.tasks[0]
     assert _score(real, task, ONE_STEP).grade == 0.0  # a real model's reply is graded on its text
     real.close()
-    no_skill = SimulatedWorker("lost", {"other": 0.9})  # fails: no skill for the task's domain
+    no_skill = SimulatedWorker("lost", {"other": 0.9})  # fails: no skill for the task's task
     failing = ConductorEnv(World("failing", [no_skill], [task]), EnvConfig(expected_grades=True))
     scored = _score(failing, task, ONE_STEP)
     assert scored.execution.steps[0].error is not None and scored.grade == 0.0

@@ -8,12 +8,12 @@ from env.optimum import best_fixed_workflow, expected_reward, final_p_correct, s
 from env.rewards import RewardConfig
 from env.workers.simulated import AnswerModel
 from env.workflow import Step, Workflow, render_workflow
-from env.worlds import SYNTHETIC_DOMAINS, SyntheticWorldConfig, build_world, optimal_policy
+from env.worlds import SYNTHETIC_TASK_LABELS, SyntheticWorldConfig, build_world, optimal_policy
 
 ADOPT = AnswerModel(rule="adopt", adopt_rate=0.8)
-# The world of launch/configs/workflows.cfg: three workers of moderate skill, the same on every domain.
-MODERATE = {domain: [0.55, 0.5, 0.45] for domain in SYNTHETIC_DOMAINS}
-EVERY_DOMAIN = {domain: 1.0 for domain in SYNTHETIC_DOMAINS}
+# The world of launch/configs/workflows.cfg: three workers of moderate skill, the same on every task.
+MODERATE = {task_label: [0.55, 0.5, 0.45] for task_label in SYNTHETIC_TASK_LABELS}
+EVERY_TASK_LABEL = {task_label: 1.0 for task_label in SYNTHETIC_TASK_LABELS}
 ACCURACY = RewardConfig(wrong=0.0)
 
 
@@ -55,7 +55,7 @@ def test_three_steps_by_hand_a_chain_and_a_fan_out():
     assert skipping == pytest.approx(s * adopted + (1 - s) * s)
 
 
-def test_expected_reward_weights_the_domains_and_charges_each_step():
+def test_expected_reward_weights_the_tasks_and_charges_each_step():
     skills = {"a": [0.2], "b": [0.6]}
     config = RewardConfig(wrong=0.5, correct=1.0, format_bonus=0.1, step_penalty=0.05)
     two_steps = workflow((0, ()), (0, "all"))
@@ -86,14 +86,14 @@ def test_the_exact_value_matches_the_executors_sampled_answers(steps):
     scored = env.score_batch_sync(world.tasks, [render_workflow(chosen)] * len(world.tasks))
     env.close()
     sampled = sum(s.reward for s in scored) / len(scored)
-    weights = {d: sum(t.domain == d for t in world.tasks) for d in SYNTHETIC_DOMAINS}
+    weights = {d: sum(t.task_label == d for t in world.tasks) for d in SYNTHETIC_TASK_LABELS}
     exact = expected_reward(chosen, MODERATE, weights, ADOPT, reward_config)
     p = exact + 0.01 * len(steps)
     assert sampled == pytest.approx(exact, abs=4 * math.sqrt(p * (1 - p) / len(scored)))
 
 
 def test_with_adopt_and_moderate_skills_the_best_workflow_has_several_steps_the_last_reading_the_rest():
-    best = best_fixed_workflow(MODERATE, EVERY_DOMAIN, ADOPT, ACCURACY, max_steps=3)
+    best = best_fixed_workflow(MODERATE, EVERY_TASK_LABEL, ADOPT, ACCURACY, max_steps=3)
     assert shape(best.workflow) == [(0, ()), (0, ()), (0, (0, 1))]
     assert best.workflow.final_step_reads_every_step
     some_right = 1 - 0.45**2
@@ -103,10 +103,10 @@ def test_with_adopt_and_moderate_skills_the_best_workflow_has_several_steps_the_
 
 
 def test_a_large_step_penalty_or_the_independent_rule_makes_one_call_to_the_best_worker_best():
-    penalised = best_fixed_workflow(MODERATE, EVERY_DOMAIN, ADOPT, RewardConfig(wrong=0.0, step_penalty=0.3), 3)
+    penalised = best_fixed_workflow(MODERATE, EVERY_TASK_LABEL, ADOPT, RewardConfig(wrong=0.0, step_penalty=0.3), 3)
     assert shape(penalised.workflow) == [(0, ())]
     assert penalised.expected_reward == pytest.approx(0.55 - 0.3)
-    independent = best_fixed_workflow(MODERATE, EVERY_DOMAIN, AnswerModel(), ACCURACY, 3)
+    independent = best_fixed_workflow(MODERATE, EVERY_TASK_LABEL, AnswerModel(), ACCURACY, 3)
     assert shape(independent.workflow) == [(0, ())]
 
 
@@ -134,23 +134,23 @@ def test_fine_access_lists_do_no_better_than_all_or_nothing():
     assert fine.expected_reward == pytest.approx(binary.expected_reward)
 
 
-def test_per_domain_the_search_agrees_with_the_worlds_oracle():
+def test_per_task_the_search_agrees_with_the_worlds_oracle():
     """`env.worlds.optimal_policy` reasons its way to one plan shape; the search compares every shape."""
     skills = {"arithmetic": [0.7, 0.4, 0.2], "logic": [0.3, 0.35, 0.9]}
     config = RewardConfig(step_penalty=0.01)
     oracle = optimal_policy(skills, {"arithmetic": 1, "logic": 1}, ADOPT, config, 4)
-    for domain, plan in oracle.plans.items():
-        best = best_fixed_workflow({domain: skills[domain]}, {domain: 1}, ADOPT, config, 4)
+    for task_label, plan in oracle.plans.items():
+        best = best_fixed_workflow({task_label: skills[task_label]}, {task_label: 1}, ADOPT, config, 4)
         assert best.expected_reward == pytest.approx(plan.expected_reward)
 
 
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="token or USD"):
-        best_fixed_workflow(MODERATE, EVERY_DOMAIN, ADOPT, RewardConfig(usd_penalty=1.0), 3)
+        best_fixed_workflow(MODERATE, EVERY_TASK_LABEL, ADOPT, RewardConfig(usd_penalty=1.0), 3)
     with pytest.raises(ValueError, match="max_steps"):
-        best_fixed_workflow(MODERATE, EVERY_DOMAIN, ADOPT, ACCURACY, 0)
+        best_fixed_workflow(MODERATE, EVERY_TASK_LABEL, ADOPT, ACCURACY, 0)
     with pytest.raises(ValueError, match="access_mode"):
-        best_fixed_workflow(MODERATE, EVERY_DOMAIN, ADOPT, ACCURACY, 2, "partial")
+        best_fixed_workflow(MODERATE, EVERY_TASK_LABEL, ADOPT, ACCURACY, 2, "partial")
     with pytest.raises(ValueError, match="no skills"):
         expected_reward(workflow((0, ())), MODERATE, {"geometry": 1.0}, ADOPT, ACCURACY)
     with pytest.raises(ValueError, match="outside the pool"):

@@ -8,7 +8,7 @@ import pytest
 from env.gym_env import ConductorEnv, EnvConfig
 from env.optimum import access_pattern, candidate_workflows, reward_table, shape_count
 from env.orchestration import (
-    DEFAULT_WORKERS, DIFFICULTIES, DOMAINS, SPLITS, OrchestrationWorker, OrchestrationWorldConfig, PoolSlot, context,
+    DEFAULT_WORKERS, DIFFICULTIES, TASK_LABELS, SPLITS, OrchestrationWorker, OrchestrationWorldConfig, PoolSlot, context,
     gap_closed, load_tasks, pool_split, shape_shares,
 )
 from env.rewards import RewardConfig
@@ -91,14 +91,14 @@ def test_the_held_out_pools_are_disjoint_from_training_deterministic_and_cover_e
         assert {context(task)[2] for task in tasks} <= set(split[name])
 
 
-def test_questions_show_their_domain_difficulty_and_offered_pool_and_balance_the_contexts():
+def test_questions_show_their_task_difficulty_and_offered_pool_and_balance_the_contexts():
     tasks = load_tasks(OrchestrationWorldConfig(split="validation"))
     assert len(tasks) == 240
     task = tasks[5]
-    domain, difficulty, pool = context(task)
-    assert task.question.startswith(f"Task domain: {domain}. Difficulty: {difficulty}.\nModels offered: id 0 = W")
+    task_label, difficulty, pool = context(task)
+    assert task.question.startswith(f"Task domain: {task_label}. Difficulty: {difficulty}.\nModels offered: id 0 = W")
     assert ", ".join(f"id {slot} = W{w}" for slot, w in enumerate(pool)) in task.question
-    counts = {(d, h): 0 for d in DOMAINS for h in DIFFICULTIES}
+    counts = {(d, h): 0 for d in TASK_LABELS for h in DIFFICULTIES}
     for task in tasks:
         counts[context(task)[:2]] += 1
     assert set(counts.values()) == {240 // 12}
@@ -108,11 +108,11 @@ def test_questions_show_their_domain_difficulty_and_offered_pool_and_balance_the
 def test_a_slot_answers_as_the_worker_offered_there_at_the_questions_difficulty():
     config = OrchestrationWorldConfig(split="test")
     task = load_tasks(config)[0]
-    domain, difficulty, pool = context(task)
+    task_label, difficulty, pool = context(task)
     for slot in range(3):
         worker = PoolSlot(slot, config).worker(task)
         assert worker.name == DEFAULT_WORKERS[pool[slot]].name
-        skill = DEFAULT_WORKERS[pool[slot]].skills[DOMAINS.index(domain)][DIFFICULTIES.index(difficulty)]
+        skill = DEFAULT_WORKERS[pool[slot]].skills[TASK_LABELS.index(task_label)][DIFFICULTIES.index(difficulty)]
         assert worker.skill(task) == skill
         price = DEFAULT_WORKERS[pool[slot]].price_per_call
         assert worker.price.cost(0, config.completion_tokens) == pytest.approx(price)
@@ -123,7 +123,7 @@ def test_adaptation_pays_on_every_split_by_at_least_a_tenth_with_three_shapes(sp
     world = build_world(OrchestrationWorldConfig(split=split), RECIPE_REWARD, max_steps=3)
     figures = world.orchestration.figures(world.tasks)
     assert figures["optimum_reward"] - figures["best_fixed_reward"] >= 0.10
-    assert figures["best_fixed_reward"] < figures["per_domain_reward"] < figures["optimum_reward"]
+    assert figures["best_fixed_reward"] < figures["per_task_reward"] < figures["optimum_reward"]
     assert set(figures["optimum_shapes"]) == {"[]", "[] [0]", "[] [] [0,1]"}
     assert figures["heldout_pools"] == (split != "train")
     # easy questions get one call, hard ones more
@@ -187,7 +187,7 @@ def test_bad_configs_are_rejected(change, message):
 
 
 def test_bad_workers_are_rejected():
-    with pytest.raises(ValueError, match="domains x"):
+    with pytest.raises(ValueError, match="tasks x"):
         OrchestrationWorker("W", ((0.5,) * 3,) * 3, 0.0)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         OrchestrationWorker("W", ((0.5, 0.5, 1.5),) * 4, 0.0)

@@ -76,7 +76,7 @@ def _scores(program: str, expected_stdout: str = "ok\n", limits: SandboxLimits =
     program would get if its attack worked and it then printed the expected output."""
     task = Task(
         id="sandbox/attack",
-        domain="test",
+        task_label="test",
         question="",
         gold=CodeTests(kind="stdin", cases=(("", expected_stdout),), limits=limits),
         grader=grade_code,

@@ -22,7 +22,7 @@ from env.tasks import extract_answer, grade_many, load, reference_response, wron
 from env.tasks.base import Task
 from env.tasks.code import CodeTests
 from env.tasks.routerdc import DATA_DIR_ENV, data_dir, family
-from env.tasks.synthetic import DOMAINS
+from env.tasks.synthetic import TASK_LABELS
 
 
 def routerdc_dir() -> Path:
@@ -158,7 +158,7 @@ def test_mmlu_from_parquet_uses_letters(tmp_path):
     tasks = load("mmlu", path=write_parquet(tmp_path / "test.parquet", MMLU))
     assert [task.gold for task in tasks] == ["B", "B", "D"]
     assert "A. Berlin\nB. Paris\nC. Rome\nD. Madrid" in tasks[0].question
-    assert tasks[0].domain == "mmlu" and tasks[0].metadata["subject"] == "geography"
+    assert tasks[0].task_label == "mmlu" and tasks[0].metadata["subject"] == "geography"
     assert_reference_and_wrong_responses_grade_one_and_zero(tasks)
 
 
@@ -208,7 +208,7 @@ def test_livecodebench_refuses_pickles_that_would_run_code(tmp_path):
 
 def test_humaneval_ships_164_problems_with_reference_solutions():
     tasks = load("humaneval")
-    assert len(tasks) == 164 and tasks[0].id == "HumanEval/0" and tasks[0].domain == "humaneval"
+    assert len(tasks) == 164 and tasks[0].id == "HumanEval/0" and tasks[0].task_label == "humaneval"
     assert all(isinstance(task.gold, CodeTests) and task.gold.kind == "humaneval" for task in tasks)
     assert tasks[0].gold.prompt in tasks[0].question
 
@@ -239,7 +239,7 @@ def test_routerdc_tasks_carry_opaque_gold_and_the_recorded_outcomes():
     for index in (0, 654, 1318):
         task = tasks[index]
         assert task.id == f"routerdc/gsm8k-test/{index}" and task.gold == f"routerdc:gsm8k-test:{index}"
-        assert task.domain == "gsm8k"
+        assert task.task_label == "gsm8k"
         assert task.metadata["scores"] == records[index]["scores"]
         assert task.question.startswith(records[index]["question"].strip())
     assert_reference_and_wrong_responses_grade_one_and_zero(tasks[:50])
@@ -280,7 +280,7 @@ def test_routerdc_families_drop_the_split_suffix():
         "arc_challenge", "arc_easy", "ceval", "cmmlu", "gsm8k", "humaneval", "javascript", "math_prealgebra",
         "mbpp", "mmlu",
     }
-    assert load("routerdc/gsm8k-test", limit=1)[0].domain == "gsm8k"
+    assert load("routerdc/gsm8k-test", limit=1)[0].task_label == "gsm8k"
 
 
 def test_routerdc_path_and_errors(tmp_path, monkeypatch):
@@ -290,7 +290,7 @@ def test_routerdc_path_and_errors(tmp_path, monkeypatch):
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
     tasks = load("routerdc/tiny_test")
     assert [task.metadata["scores"] for task in tasks] == [{"m1": 1.0, "m2": 0.0}, {"m1": 0.5}]
-    assert tasks[0].domain == "tiny"
+    assert tasks[0].task_label == "tiny"
     with pytest.raises(FileNotFoundError, match="available stems: tiny_test"):
         load("routerdc/missing")
     with pytest.raises(ValueError, match="one split each"):
@@ -310,23 +310,23 @@ def test_synthetic_is_deterministic_balanced_and_seeded():
     tasks = load("synthetic", limit=200, seed=7)
     assert [(t.question, t.gold) for t in tasks] == [(t.question, t.gold) for t in load("synthetic", limit=200, seed=7)]
     assert [t.gold for t in tasks] != [t.gold for t in load("synthetic", limit=200, seed=8)]
-    assert {domain: sum(t.domain == domain for t in tasks) for domain in DOMAINS} == {d: 50 for d in DOMAINS}
+    assert {task_label: sum(t.task_label == task_label for t in tasks) for task_label in TASK_LABELS} == {d: 50 for d in TASK_LABELS}
     assert len(load("synthetic")) == 1000
     assert len({t.id for t in tasks}) == 200
 
 
 def _solve_synthetic(task: Task) -> str:
-    """An independent solver for each synthetic domain, from the question text alone."""
+    """An independent solver for each synthetic task, from the question text alone."""
     question = task.question.split("\n")[0]
-    if task.domain == "arithmetic":
+    if task.task_label == "arithmetic":
         a, first, b, second, c = re.fullmatch(r"Compute \((-?\d+) ([-+]) (\d+)\) ([-+*]) (\d+)\.", question).groups()
         inner = int(a) + int(b) if first == "+" else int(a) - int(b)
         return str({"+": inner + int(c), "-": inner - int(c), "*": inner * int(c)}[second])
-    if task.domain == "algebra":
+    if task.task_label == "algebra":
         a, sign, b, rhs = re.fullmatch(r"Solve for x: (-?\d+)x ([-+]) (\d+) = (-?\d+)\.", question).groups()
         offset = int(b) if sign == "+" else -int(b)
         return str(next(x for x in range(-100, 101) if int(a) * x + offset == int(rhs)))
-    if task.domain == "logic":
+    if task.task_label == "logic":
         pairs = re.findall(r"(\w+) is \w+er than (\w+)\.", question)
         above = {winner for winner, _ in pairs}
         below = {loser for _, loser in pairs}
@@ -390,7 +390,7 @@ def test_grade_many_matches_sequential_grading_with_bounded_concurrency():
             running -= 1
         return float(response == gold)
 
-    tasks = [Task(id=str(k), domain="d", question="q", gold=str(k % 3), grader=slow_grader) for k in range(40)]
+    tasks = [Task(id=str(k), task_label="d", question="q", gold=str(k % 3), grader=slow_grader) for k in range(40)]
     responses = [str(k % 2) for k in range(40)]
     assert grade_many(tasks, responses, max_workers=3) == [task.grade(r) for task, r in zip(tasks, responses)]
     assert peak == 3

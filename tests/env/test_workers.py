@@ -311,7 +311,7 @@ def test_simulated_latencies_are_lognormal_around_the_median_and_fixed_by_the_ca
     from env.tasks import load
 
     task = load("synthetic", limit=1, seed=0)[0]
-    worker = SimulatedWorker("api-like", {task.domain: 1.0}, latency_s=0.002, latency_sigma=1.0)
+    worker = SimulatedWorker("api-like", {task.task_label: 1.0}, latency_s=0.002, latency_sigma=1.0)
     start = time.perf_counter()
     latencies = [r.latency_s for r in simulated_calls(worker, task, range(2000))]
     assert time.perf_counter() - start < max(latencies) + 1.0  # concurrent calls: the slowest, not the sum
@@ -321,20 +321,20 @@ def test_simulated_latencies_are_lognormal_around_the_median_and_fixed_by_the_ca
     beyond_p90 = sum(latency > 0.002 * math.exp(1.2816) for latency in latencies) / len(latencies)
     assert beyond_p90 == pytest.approx(0.1, abs=0.02)
     assert [r.latency_s for r in simulated_calls(worker, task, range(5))] == latencies[:5]
-    assert {r.latency_s for r in simulated_calls(SimulatedWorker("fixed", {task.domain: 1.0}, latency_s=0.001),
+    assert {r.latency_s for r in simulated_calls(SimulatedWorker("fixed", {task.task_label: 1.0}, latency_s=0.001),
                                                  task, range(5))} == {0.001}
     with pytest.raises(ValueError, match="latency_sigma"):
-        SimulatedWorker("x", {task.domain: 1.0}, latency_sigma=-1.0)
+        SimulatedWorker("x", {task.task_label: 1.0}, latency_sigma=-1.0)
 
 
-def test_simulated_worker_waits_its_latency_and_needs_a_skill_for_the_domain():
+def test_simulated_worker_waits_its_latency_and_needs_a_skill_for_the_task():
     from env.tasks import load
 
     task = load("synthetic", limit=1, seed=0)[0]
     start = time.perf_counter()
-    simulated_calls(SimulatedWorker("slow", {task.domain: 1.0}, latency_s=0.2), task, range(20))
+    simulated_calls(SimulatedWorker("slow", {task.task_label: 1.0}, latency_s=0.2), task, range(20))
     assert 0.2 <= time.perf_counter() - start < 1.0  # twenty concurrent calls, one latency
-    with pytest.raises(WorkerError, match="no skill for domain"):
+    with pytest.raises(WorkerError, match="no skill for task"):
         simulated_calls(SimulatedWorker("x", {"other": 1.0}), task, [0])
     assert simulated_calls(SimulatedWorker("x", {}, default_skill=1.0), task, [0])[0].text.endswith(
         f"<answer>{task.gold}</answer>"

@@ -11,7 +11,7 @@ from env.workers.replay import ROUTERDC_MODELS
 from env.workers.simulated import AnswerModel
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import (
-    SYNTHETIC_DOMAINS,
+    SYNTHETIC_TASK_LABELS,
     LocalWorldConfig,
     PaperWorldConfig,
     ReplayWorldConfig,
@@ -33,15 +33,15 @@ def mean_reward(world, workflow_for, config=EnvConfig(executor=ExecutorConfig(se
     return statistics.fmean(s.reward for s in scored)
 
 
-def test_the_default_synthetic_world_has_one_specialist_per_domain():
+def test_the_default_synthetic_world_has_one_specialist_per_task():
     world = build_world(SyntheticWorldConfig(num_tasks=40, seed=3))
     assert [w.name for w in world.pool] == ["synthetic-0", "synthetic-1", "synthetic-2", "synthetic-3"]
-    assert {task.domain for task in world.tasks} == set(SYNTHETIC_DOMAINS) and len(world.tasks) == 40
+    assert {task.task_label for task in world.tasks} == set(SYNTHETIC_TASK_LABELS) and len(world.tasks) == 40
     for index, worker in enumerate(world.pool):
-        specialty = SYNTHETIC_DOMAINS[index]
+        specialty = SYNTHETIC_TASK_LABELS[index]
         assert 0.75 <= worker.skills[specialty] <= 0.95
-        assert all(0.1 <= s <= 0.5 for domain, s in worker.skills.items() if domain != specialty)
-    assert {d: plan.final for d, plan in world.oracle.plans.items()} == dict(zip(SYNTHETIC_DOMAINS, range(4)))
+        assert all(0.1 <= s <= 0.5 for task_label, s in worker.skills.items() if task_label != specialty)
+    assert {d: plan.final for d, plan in world.oracle.plans.items()} == dict(zip(SYNTHETIC_TASK_LABELS, range(4)))
     again = build_world(SyntheticWorldConfig(num_tasks=40, seed=3))
     assert [w.skills for w in again.pool] == [w.skills for w in world.pool]
 
@@ -49,7 +49,7 @@ def test_the_default_synthetic_world_has_one_specialist_per_domain():
 def test_the_oracle_policy_earns_its_expected_reward_and_beats_a_fixed_worker():
     world = build_world(SyntheticWorldConfig(num_tasks=800, seed=1))
     oracle = world.oracle
-    achieved = mean_reward(world, lambda task: oracle.plans[task.domain].workflow())
+    achieved = mean_reward(world, lambda task: oracle.plans[task.task_label].workflow())
     # standard error of a mean of 800 rewards in {0.5, 1} is at most 0.25 / sqrt(800) ~ 0.009
     assert achieved == pytest.approx(oracle.expected_reward, abs=0.035)
     fixed = mean_reward(world, lambda task: Workflow(steps=(Step(0, "Solve."),)))
@@ -66,7 +66,7 @@ def test_under_the_adopt_rule_the_oracle_uses_several_steps_and_the_simulator_ag
     # P(some earlier step right) = 1 - 0.5^2; then 1 - 0.5 * 0.2 if so, else 0.5
     assert plan.p_correct == pytest.approx(0.25 * 0.5 + 0.75 * 0.9)
     assert plan.expected_reward == pytest.approx(0.5 + 0.5 * 0.8 - 0.06)
-    achieved = mean_reward(world, lambda task: world.oracle.plans[task.domain].workflow(), EnvConfig(
+    achieved = mean_reward(world, lambda task: world.oracle.plans[task.task_label].workflow(), EnvConfig(
         executor=ExecutorConfig(seed=1), reward=RewardConfig(step_penalty=0.02), max_steps=3))  # fmt: skip
     assert achieved == pytest.approx(world.oracle.expected_reward, abs=0.035)
     one_step = build_world(config, RewardConfig(step_penalty=0.3), max_steps=3).oracle.plans["logic"]
@@ -83,8 +83,8 @@ def test_optimal_policy_rejects_what_it_cannot_compute():
 def test_replay_world_reproduces_the_recorded_reference_points():
     world = build_world(ReplayWorldConfig(files=("mmlu_test", "gsm8k-test")))
     assert [w.name for w in world.pool] == list(ROUTERDC_MODELS)
-    mmlu = [t for t in world.tasks if t.domain == "mmlu"]
-    gsm8k = [t for t in world.tasks if t.domain == "gsm8k"]
+    mmlu = [t for t in world.tasks if t.task_label == "mmlu"]
+    gsm8k = [t for t in world.tasks if t.task_label == "gsm8k"]
     assert (len(mmlu), len(gsm8k)) == (4213, 1319)
     # The MMLU and GSM8K rows of docs/design.md section 5's reference points (a multiple-choice score counts as right
     # when positive, as env.tasks.routerdc reads it; the mean raw score would understate MMLU).
@@ -98,7 +98,7 @@ def test_replay_world_reproduces_the_recorded_reference_points():
 
 def test_replay_grades_by_family_hold_each_question_once_per_listing_with_workers_in_pool_order():
     world = build_world(ReplayWorldConfig(files=("cmmlu_test", "arc_challenge_test")))
-    arc = [t for t in world.tasks if t.domain == "arc_challenge"]
+    arc = [t for t in world.tasks if t.task_label == "arc_challenge"]
     grades = replay_grades_by_family(world.tasks + arc[:2])
     assert list(grades) == ["arc_challenge", "cmmlu"]
     assert grades["arc_challenge"].shape == (352 + 2, 7) and grades["cmmlu"].shape == (3475, 7)

@@ -423,12 +423,12 @@ def test_curve_band_is_the_per_iteration_interval_of_the_smoothed_seed_curves():
 
 
 def test_score_key_reads_nested_summaries_and_rejects_a_group():
-    summary = {"eval": {"average_accuracy": 0.75, "domains": {"math": {}}}, "greedy_valid_format": 1.0}
+    summary = {"eval": {"average_accuracy": 0.75, "tasks": {"math": {}}}, "greedy_valid_format": 1.0}
     assert stats.summary_value(summary, "eval.average_accuracy") == 0.75
     assert stats.summary_value(summary, "greedy_valid_format") == 1.0
     assert stats.summary_value(summary, "eval.missing") is None
     with pytest.raises(ValueError, match="names a group"):
-        stats.summary_value(summary, "eval.domains")
+        stats.summary_value(summary, "eval.tasks")
 
 
 def test_moving_average_matches_a_trailing_window_mean():

@@ -18,7 +18,7 @@ from env import prompts
 from env.executor import ExecutorConfig
 from env.gym_env import ConductorEnv, EnvConfig
 from env.policies import single
-from env.tasks.synthetic import DOMAINS, load_synthetic
+from env.tasks.synthetic import TASK_LABELS, load_synthetic
 from env.workers.base import WorkerReply
 from env.workers.cache import ResponseCache
 from env.workers.openai_api import OpenAICompatibleWorker
@@ -46,8 +46,8 @@ def replay_env():
 
 
 def test_summary_means_and_standard_errors_match_numpy():
-    def outcome(task, domain, repeat, correct, tokens, workers):
-        return Outcome(task, domain, repeat, {"correct": correct, "tokens": tokens, "steps": len(workers)}, workers)
+    def outcome(task, task_label, repeat, correct, tokens, workers):
+        return Outcome(task, task_label, repeat, {"correct": correct, "tokens": tokens, "steps": len(workers)}, workers)
 
     outcomes = [
         outcome("a1", "a", 0, 1.0, 10, (0,)), outcome("a2", "a", 0, 0.0, 30, (1, 1)),
@@ -56,11 +56,11 @@ def test_summary_means_and_standard_errors_match_numpy():
     ]  # fmt: skip
     report = summarize(outcomes, ["w0", "w1"])
     assert report["questions"] == 3 and report["repeats"] == 2
-    assert report["domains"]["a"]["correct"] == pytest.approx(0.75)
-    assert report["domains"]["a"]["correct_stderr"] == pytest.approx(np.std([0.5, 1.0], ddof=1) / np.sqrt(2))
-    assert report["domains"]["a"]["tokens"] == pytest.approx(25.0)
-    assert report["domains"]["b"]["correct"] == pytest.approx(0.5)
-    # the average is unweighted over domains, and its standard error is over the repeats' averages
+    assert report["tasks"]["a"]["correct"] == pytest.approx(0.75)
+    assert report["tasks"]["a"]["correct_stderr"] == pytest.approx(np.std([0.5, 1.0], ddof=1) / np.sqrt(2))
+    assert report["tasks"]["a"]["tokens"] == pytest.approx(25.0)
+    assert report["tasks"]["b"]["correct"] == pytest.approx(0.5)
+    # the average is unweighted over tasks, and its standard error is over the repeats' averages
     assert report["average_accuracy"] == pytest.approx((0.75 + 0.5) / 2)
     per_repeat = [(0.5 + 0.0) / 2, (1.0 + 1.0) / 2]
     assert report["average_accuracy_stderr"] == pytest.approx(np.std(per_repeat, ddof=1) / np.sqrt(2))
@@ -78,12 +78,12 @@ def test_replay_single_workers_and_oracle_give_the_recorded_accuracies(replay_en
     reference = replay_reference_points(tasks)
     for w, model in enumerate(ROUTERDC_MODELS):
         report = results[f"single {w}: {model}"]
-        for domain, measured in report["domains"].items():
-            scores = [t.metadata["scores"][model] for t in tasks if t.domain == domain]
-            assert within(measured["correct"], float(np.mean(scores)), len(scores) * repeats), (model, domain)
+        for task_label, measured in report["tasks"].items():
+            scores = [t.metadata["scores"][model] for t in tasks if t.task_label == task_label]
+            assert within(measured["correct"], float(np.mean(scores)), len(scores) * repeats), (model, task_label)
         assert report["workers_chosen"] == {model: 1.0}
         assert report["average"]["steps"] == 1.0 and report["average"]["valid_format"] == 1.0
-    # The reference points weigh questions equally; both files have 60 questions, so the unweighted domain
+    # The reference points weigh questions equally; both files have 60 questions, so the unweighted task
     # average is the same quantity.
     samples = len(tasks) * repeats
     best = results[f"single {ROUTERDC_MODELS.index(reference['best_single_model'])}: {reference['best_single_model']}"]
@@ -97,37 +97,37 @@ def test_expected_grades_make_replay_accuracies_exact():
     env = ConductorEnv(world, EnvConfig(expected_grades=True, executor=ExecutorConfig(seed=0)))
     results = run_baselines(env, BaselineConfig(baselines=("single", "oracle")), repeats=2)
     for w, model in enumerate(ROUTERDC_MODELS):
-        for domain, measured in results[f"single {w}: {model}"]["domains"].items():
-            scores = [t.metadata["scores"][model] for t in world.tasks if t.domain == domain]
-            assert measured["correct"] == pytest.approx(np.mean(scores), abs=1e-12), (model, domain)
+        for task_label, measured in results[f"single {w}: {model}"]["tasks"].items():
+            scores = [t.metadata["scores"][model] for t in world.tasks if t.task_label == task_label]
+            assert measured["correct"] == pytest.approx(np.mean(scores), abs=1e-12), (model, task_label)
             assert measured["correct_stderr"] == 0.0  # no draws, so the repeats agree exactly
     best_per_question = {
-        domain: np.mean([max(t.metadata["scores"].values()) for t in world.tasks if t.domain == domain])
-        for domain in ("gsm8k", "arc_challenge")
+        task_label: np.mean([max(t.metadata["scores"].values()) for t in world.tasks if t.task_label == task_label])
+        for task_label in ("gsm8k", "arc_challenge")
     }
     oracle = results["oracle routing"]
     assert oracle["average_accuracy"] == pytest.approx(np.mean(list(best_per_question.values())), abs=1e-12)
     env.close()
 
 
-def test_per_domain_best_routes_each_domain_to_its_best_single_worker(replay_env):
-    results = run_baselines(replay_env, BaselineConfig(baselines=("single", "domain_best")), repeats=2)
-    routed = results["per-domain best worker"]
+def test_per_task_best_routes_each_task_to_its_best_single_worker(replay_env):
+    results = run_baselines(replay_env, BaselineConfig(baselines=("single", "task_best")), repeats=2)
+    routed = results["per-task best worker"]
     singles = [results[f"single {w}: {model}"] for w, model in enumerate(ROUTERDC_MODELS)]
-    for domain, measured in routed["domains"].items():
-        # Every method draws the same replayed outcome for a (question, repeat, worker): the per-domain router's
-        # accuracy on a domain is its best single worker's, exactly.
-        assert measured["correct"] == max(single["domains"][domain]["correct"] for single in singles)
+    for task_label, measured in routed["tasks"].items():
+        # Every method draws the same replayed outcome for a (question, repeat, worker): the per-task router's
+        # accuracy on a task is its best single worker's, exactly.
+        assert measured["correct"] == max(single["tasks"][task_label]["correct"] for single in singles)
     assert routed["average_accuracy"] >= max(single["average_accuracy"] for single in singles)
-    # On these 60-question files the two domains' best workers differ, so each runs half of the questions.
+    # On these 60-question files the two tasks' best workers differ, so each runs half of the questions.
     assert sorted(routed["workers_chosen"].values()) == [0.5, 0.5]
-    by_domain = routed["workers_chosen_by_domain"]
-    assert sorted(by_domain) == ["arc_challenge", "gsm8k"]
-    assert all(list(shares.values()) == [1.0] for shares in by_domain.values())
-    assert by_domain["arc_challenge"] != by_domain["gsm8k"]
-    report = markdown_report({"per-domain best worker": routed, **{f"single {w}": singles[w] for w in range(2)}}, "t")
-    for domain, shares in by_domain.items():  # domain-dependent routing is listed per domain, a single worker's not
-        assert f"  - {domain}: {next(iter(shares))} 100.0" in report
+    by_task = routed["workers_chosen_by_task"]
+    assert sorted(by_task) == ["arc_challenge", "gsm8k"]
+    assert all(list(shares.values()) == [1.0] for shares in by_task.values())
+    assert by_task["arc_challenge"] != by_task["gsm8k"]
+    report = markdown_report({"per-task best worker": routed, **{f"single {w}": singles[w] for w in range(2)}}, "t")
+    for task_label, shares in by_task.items():  # task-dependent routing is listed per task, a single worker's not
+        assert f"  - {task_label}: {next(iter(shares))} 100.0" in report
     assert report.count("  - ") == 2
 
 
@@ -156,9 +156,9 @@ def test_synthetic_oracle_routing_achieves_the_worlds_optimal_accuracy():
         report = run_baselines(env, BaselineConfig(baselines=("oracle",)), repeats=2)["oracle routing"]
     finally:
         env.close()
-    for domain, plan in world.oracle.plans.items():
-        count = sum(task.domain == domain for task in world.tasks)
-        assert within(report["domains"][domain]["correct"], plan.p_correct, count * 2), domain
+    for task_label, plan in world.oracle.plans.items():
+        count = sum(task.task_label == task_label for task in world.tasks)
+        assert within(report["tasks"][task_label]["correct"], plan.p_correct, count * 2), task_label
 
 
 class WorkflowWritingWorker:
@@ -185,7 +185,7 @@ def test_a_worker_prompted_as_conductor_has_its_workflow_parsed_and_executed():
         report = summarize(prompted_conductor_outcomes(env, 0, repeats=1), ["writer"])
     finally:
         env.close()
-    assert report["domains"]["math"]["correct"] == 0.5  # "42" is right for t0, wrong for t1
+    assert report["tasks"]["math"]["correct"] == 0.5  # "42" is right for t0, wrong for t1
     assert report["average"]["valid_format"] == 1.0 and report["average"]["steps"] == 2.0
     assert report["average"]["conductor_tokens"] == 120.0
     assert report["average"]["cost_usd"] == pytest.approx(3 * 0.01)  # the Conductor call and two steps
@@ -236,6 +236,8 @@ def test_a_rerun_through_the_cache_makes_no_provider_calls(tmp_path):
 def test_bad_baseline_config_is_rejected(replay_env):
     with pytest.raises(ValueError, match="unknown baselines"):
         BaselineConfig(baselines=("single", "smoothie"))
+    with pytest.raises(ValueError, match="^domain_best is renamed to task_best$"):
+        BaselineConfig(baselines=("single", "domain_best"))
     with pytest.raises(ValueError, match="moa_layers"):
         BaselineConfig(moa_layers=0)
     with pytest.raises(ValueError, match="outside the pool"):
@@ -387,8 +389,8 @@ def test_held_out_questions_are_fresh_synthetic_ones_or_a_sample_of_the_worlds_o
     fresh = held_out_questions(training, 16, seed=0)
     assert len(fresh) == len(set(fresh)) == 16
     assert not set(fresh) & {task.question for task in training}
-    generated = {task.question: task.domain for task in load_synthetic(40 + 32, seed=0)}
-    assert sorted(generated[q] for q in fresh) == sorted(DOMAINS * 4)  # the generator's next questions, all domains
+    generated = {task.question: task.task_label for task in load_synthetic(40 + 32, seed=0)}
+    assert sorted(generated[q] for q in fresh) == sorted(TASK_LABELS * 4)  # the generator's next questions, all tasks
     own = held_out_questions(replay_env.world.tasks, 16, seed=3)
     assert len(set(own)) == 16 and set(own) <= {task.question for task in replay_env.world.tasks}
     assert own == held_out_questions(replay_env.world.tasks, 16, seed=3) != held_out_questions(

@@ -31,10 +31,10 @@ def test_the_recipe_builds_the_orchestration_world_and_quotes_its_exact_validati
     assert spec.config.max_steps == 3 and spec.config.expected_grades
     world = build_world(spec.world, spec.config.reward, spec.config.max_steps)
     figures = world.orchestration.figures(world.tasks)
-    quoted = re.search(r"per pool ([\d.]+), the best per \(domain, pool\) ([\d.]+), the per-question optimum ([\d.]+)",
+    quoted = re.search(r"per pool ([\d.]+), the best per \(task, pool\) ([\d.]+), the per-question optimum ([\d.]+)",
                        header)  # fmt: skip
     assert quoted is not None
     assert [float(value) for value in quoted.groups()] == pytest.approx(
-        [figures["best_fixed_reward"], figures["per_domain_reward"], figures["optimum_reward"]], abs=5e-5
+        [figures["best_fixed_reward"], figures["per_task_reward"], figures["optimum_reward"]], abs=5e-5
     )
     assert figures["heldout_pools"]

@@ -19,7 +19,7 @@ from conductor.teachers import TeacherConfig
 from env.executor import ExecutorConfig
 from env.gym_env import ConductorEnv, EnvConfig
 from env.prompts import CONDUCTOR_PREFIX
-from env.tasks.synthetic import DOMAINS
+from env.tasks.synthetic import TASK_LABELS
 from env.workers.replay import ROUTERDC_MODELS
 from env.workflow import parse_workflow
 from env.worlds import ReplayWorldConfig, SyntheticWorldConfig, build_world
@@ -44,14 +44,14 @@ def world():
     return TokenizedConductorEnv(env, tokenizer)
 
 
-def test_template_examples_label_every_example_with_its_questions_domain(world):
+def test_template_examples_label_every_example_with_its_questions_task(world):
     examples = teachers.template_examples(world, 24, random.Random(0), probe=True)
-    labels = teachers.domain_labels(world)
-    assert labels == {domain: index for index, domain in enumerate(sorted(DOMAINS))}
+    labels = teachers.task_label_indices(world)
+    assert labels == {task_label: index for index, task_label in enumerate(sorted(TASK_LABELS))}
     questions = {tuple(world.prompt_ids(q)): q for q in range(world.num_questions)}
     for example in examples:
         task = world.tasks[questions[example.prompt_ids]]
-        assert example.probe_label == labels[task.domain]
+        assert example.probe_label == labels[task.task_label]
         chosen = world.tokenizer.decode(list(example.completion_ids[example.probe_index : example.probe_index + 1]))
         assert chosen.strip().isdigit()
     assert all(e.probe_index is None for e in teachers.template_examples(world, 4, random.Random(0)))
@@ -68,7 +68,7 @@ def test_rollout_examples_label_the_logged_workflows_that_name_a_worker(world, t
     ]
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
     labelled, unlabelled = teachers.rollout_examples(world, str(path), min_reward=1.0, probe=True)
-    assert labelled.probe_label == teachers.domain_labels(world)[world.tasks[5].domain]
+    assert labelled.probe_label == teachers.task_label_indices(world)[world.tasks[5].task_label]
     assert world.tokenizer.decode(list(workflow_ids[labelled.probe_index : labelled.probe_index + 1])).strip() == "2"
     assert (unlabelled.probe_index, unlabelled.probe_label) == (None, None)
 
@@ -87,21 +87,21 @@ def _route(world: TokenizedConductorEnv, example) -> tuple[int, int]:
     return question, workflow.steps[-1].worker
 
 
-def test_domain_reasoning_opens_each_template_with_its_questions_domain_and_changes_nothing_else(world):
-    domain = TeacherConfig(templates=("single", "plan_solve_verify"), reasoning="domain")
+def test_task_reasoning_opens_each_template_with_its_questions_task_and_changes_nothing_else(world):
+    task_label = TeacherConfig(templates=("single", "plan_solve_verify"), reasoning="task")
     plain = TeacherConfig(templates=("single", "plan_solve_verify"))
-    named = teachers.template_examples(world, 16, random.Random(4), domain, probe=True)
+    named = teachers.template_examples(world, 16, random.Random(4), task_label, probe=True)
     unnamed = teachers.template_examples(world, 16, random.Random(4), plain, probe=True)
     questions = {tuple(world.prompt_ids(q)): q for q in range(world.num_questions)}
-    assert {world.tasks[questions[e.prompt_ids]].domain for e in named} == set(DOMAINS)
-    for with_domain, without in zip(named, unnamed, strict=True):
-        task_domain = world.tasks[questions[with_domain.prompt_ids]].domain
-        text = world.tokenizer.decode(list(with_domain.completion_ids), skip_special_tokens=True)
+    assert {world.tasks[questions[e.prompt_ids]].task_label for e in named} == set(TASK_LABELS)
+    for with_task, without in zip(named, unnamed, strict=True):
+        task_label = world.tasks[questions[with_task.prompt_ids]].task_label
+        text = world.tokenizer.decode(list(with_task.completion_ids), skip_special_tokens=True)
         plain_text = world.tokenizer.decode(list(without.completion_ids), skip_special_tokens=True)
-        assert text == f"\nThis is a {task_domain} question. " + plain_text[1:]
+        assert text == f"\nThis is a {task_label} question. " + plain_text[1:]
         assert parse_workflow(text, 4).steps == parse_workflow(plain_text, 4).steps
-        assert with_domain.probe_label == without.probe_label
-        assert world.tokenizer.decode(list(with_domain.completion_ids[with_domain.probe_index:][:1])).strip().isdigit()
+        assert with_task.probe_label == without.probe_label
+        assert world.tokenizer.decode(list(with_task.completion_ids[with_task.probe_index:][:1])).strip().isdigit()
     with pytest.raises(ValueError, match="unknown reasoning 'label'"):
         TeacherConfig(reasoning="label")
 
@@ -122,7 +122,7 @@ def test_world_examples_weight_every_route_of_a_question_by_its_expected_grade()
         question, worker = _route(world, example)
         assert example.weight == pytest.approx(world.tasks[question].metadata["scores"][ROUTERDC_MODELS[worker]],
                                                abs=1e-7)  # fmt: skip
-        assert example.probe_label == teachers.domain_labels(world)[world.tasks[question].domain]
+        assert example.probe_label == teachers.task_label_indices(world)[world.tasks[question].task_label]
     assert 0.0 in {e.weight for e in examples}  # a route that is never right stays, with weight 0
     batch = SupervisedTrainer(_tiny_model(), SFTConfig()).batch(examples[: 2 * len(ROUTERDC_MODELS)], pad_id=0)
     assert batch.prompt_block_size(batch.batch_size) == len(ROUTERDC_MODELS)
@@ -154,7 +154,7 @@ def test_all_routes_templates_write_each_drawn_question_once_per_worker_in_a_row
     assert routes == [(q, w) for q in questions for w in range(pool)]  # 3 questions, every worker, consecutive
     assert {e.weight for e in examples} == {1.0}  # uniform: no grade is read
     for example in examples:
-        assert example.probe_label == teachers.domain_labels(world)[world.tasks[_route(world, example)[0]].domain]
+        assert example.probe_label == teachers.task_label_indices(world)[world.tasks[_route(world, example)[0]].task_label]
     batch = SupervisedTrainer(_tiny_model(), SFTConfig()).batch(examples[:pool], pad_id=0)
     assert batch.prompt_block_size(batch.batch_size) == pool
 
@@ -208,12 +208,12 @@ def test_advantage_weighted_world_examples_weight_each_route_by_its_lead_over_th
     assert any(e.weight > 0 for e in examples) and any(e.weight == 0 for e in examples)
 
 
-def test_stratified_world_examples_draw_the_task_domains_equally():
+def test_stratified_world_examples_draw_the_task_labels_equally():
     world = _replay_world(expected_grades=True)  # 10 GSM8K and 10 ARC-Challenge questions
     stratified = TeacherConfig(teacher="world", templates=("single",), stratify_questions=True)
     examples = teachers.world_examples(world, 8 * len(ROUTERDC_MODELS), random.Random(2), stratified)
     drawn = question_order(world.num_questions, random.Random(2).randrange(2**31), 0, 8, world.question_labels)
-    assert collections.Counter(world.tasks[q].domain for q in drawn) == {"gsm8k": 4, "arc_challenge": 4}
+    assert collections.Counter(world.tasks[q].task_label for q in drawn) == {"gsm8k": 4, "arc_challenge": 4}
     assert {_route(world, e)[0] for e in examples} <= set(drawn)
     unstratified = question_order(world.num_questions, random.Random(2).randrange(2**31), 0, 8)
     assert unstratified != drawn

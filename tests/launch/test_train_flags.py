@@ -19,7 +19,7 @@ from env.workflow import Step, Workflow, render_workflow
 from env.worlds import SyntheticWorldConfig, build_world
 from launch import sft, train  # noqa: F401  (define the renamed flags' new names, --logdir among them)
 from conductor.loop_environment import TokenizedConductorEnv
-from conductor.teachers import TeacherConfig, domain_labels
+from conductor.teachers import TeacherConfig, task_label_indices
 from launch.flag_groups import environment as environment_flags
 from launch.flag_groups import generator as generator_flags
 from launch.flag_groups import learner as learner_flags
@@ -227,11 +227,11 @@ def test_allow_unsandboxed_code_reaches_the_env_and_is_logged_loudly_when_used(m
 def test_share_prompts_reaches_the_learner_and_the_warm_start():
     world = TokenizedConductorEnv(ConductorEnv(build_world(SyntheticWorldConfig(num_tasks=4))),
                             load_tokenizer(zoo.smollm2_135m_instruct()))  # fmt: skip
-    domains = len(domain_labels(world))
-    assert learner_config().share_prompts and supervised_flags.from_flags(10, domains).share_prompts
+    task_labels = len(task_label_indices(world))
+    assert learner_config().share_prompts and supervised_flags.from_flags(10, task_labels).share_prompts
     with flagsaver.flagsaver(share_prompts=False):
         assert not learner_config().share_prompts
-        assert not supervised_flags.from_flags(10, domains).share_prompts
+        assert not supervised_flags.from_flags(10, task_labels).share_prompts
 
 
 @pytest.mark.parametrize(
