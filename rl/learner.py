@@ -373,6 +373,9 @@ class Learner:
         # The largest shapes a step has run (`LearnerConfig.steady_shapes`): rows, completion block, row length and
         # distinct rows per prompt block.
         self._shape_floors = {"rows": 0, "width": 0, "length": 0, "distinct": 1}
+        # The zero-gradient step's program is compiled now: its input shapes never change, and the first mini-batch
+        # without a gradient can come at any iteration, where it would compile mid-run.
+        _zero_gradient_step.lower(self.params, self.opt_state, config=config).compile()
 
     @property
     def params(self) -> nnx.State:

@@ -10,7 +10,7 @@ from flax import nnx
 from models.config import ModelConfig
 from models.transformer import Transformer
 from rl import compiles
-from rl.learner import LearnerConfig, OptimizerConfig
+from rl.learner import Learner, LearnerConfig, OptimizerConfig
 from rl.losses import LossConfig
 from tests.rl.helpers import RecordingLearner
 from tests.rl.test_loop import ParityWorld, make_loop
@@ -42,3 +42,22 @@ def test_the_loop_logs_each_iterations_programs_and_they_add_up_to_the_process_c
     assert programs[0] > 0, "the first update compiles its programs"
     assert sum(programs) == (compiles.totals() - before).programs
     assert all(scalars["compile/seconds"] >= 0 and scalars["compile/cache_hits"] == 0 for scalars in history)
+
+
+
+def test_a_mini_batch_without_gradient_compiles_nothing_new_the_learner_compiled_its_step_ahead():
+    from tests.rl.test_learner import _batch_with_silent_groups, _model
+
+    # A learning rate no other test uses, so that no program of this learner is compiled already.
+    optimizer = OptimizerConfig(learning_rate=3.75e-3, schedule="constant", total_steps=100)
+    before = compiles.totals()
+    learner = Learner(_model(), LearnerConfig(loss=LossConfig(), optimizer=optimizer, mini_batch_size=4))
+    assert (compiles.totals() - before).programs >= 1, "the learner compiles its zero-gradient step when built"
+    # Mini-batches of one group each, the same completions in both updates: in the second the third group's rewards
+    # agree, so its mini-batch has no gradient and takes the zero-gradient step, at the same shapes as before.
+    learning = _batch_with_silent_groups([[0, 1, 1, 0]] * 4)
+    assert learner.update(learning)["skipped_rows"] == 0.0
+    after_first = compiles.totals()
+    assert learner.update(_batch_with_silent_groups([[0, 1, 1, 0]] * 2 + [[1, 1, 1, 1], [0, 1, 1, 0]]))[
+        "skipped_rows"] == 0.25
+    assert (compiles.totals() - after_first).programs == 0
