@@ -12,7 +12,7 @@ than over the pool's slots), restricted to arms the unseen context offers; with 
 
 Two worlds supply problems: the orchestration world (context: task, difficulty and offered pool; arms: every
 candidate workflow; group: task and difficulty; trained on the training split, whose pools the validation and
-test splits never offer) and a replay world (context: the task family; arms: one call of each recorded model; trained
+test splits never offer) and a replay world (context: the task; arms: one call of each recorded model; trained
 on the evaluated questions themselves, like the per-task best worker).
 """
 
@@ -160,7 +160,7 @@ def orchestration_problem(
 
 
 def replay_problem(tasks: Sequence[Task], models: Sequence[str], reward_config: RewardConfig) -> BanditProblem:
-    """Arms: one call of each recorded model; context: the task family. The reward is the env's for a one-step
+    """Arms: one call of each recorded model; context: the task. The reward is the env's for a one-step
     workflow (no USD penalty: a replayed call has no price)."""
     p_right = np.asarray([[task.metadata["scores"][model] for model in models] for task in tasks], dtype=np.float64)
     shaping = reward_config.format_bonus - reward_config.step_penalty

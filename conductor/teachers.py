@@ -116,7 +116,7 @@ def template_examples(
     With `config.all_routes`, about `count` pairs from `count / pool size` questions, each question's template written
     once with every pool worker as its final step, in consecutive examples (a batch of a multiple of the pool size
     holds whole questions). Drawn workers fit, besides the format, whatever chance ties their draws to the questions'
-    features, so the warm-started routing leans towards some workers family by family before RL has seen a grade;
+    features, so the warm-started routing leans towards some workers task by task before RL has seen a grade;
     every route of a question in equal weight has one optimum, uniform routing on every question.
 
     With recursion rounds (`--recursion_rounds` N), each example's round is drawn uniformly from the N + 1, so the
@@ -229,8 +229,8 @@ def every_final_worker(workflow: Workflow, pool_size: int) -> list[Workflow]:
 def route_weights(grades: Sequence[float], mode: str) -> list[float]:
     """The world teacher's weights of one question's routes, from their grades.
 
-    "grade" makes the weighted likelihood reward-weighted regression: the student routes a family's questions in
-    proportion to each worker's mean grade, so when the workers of a family are close the best leads by little.
+    "grade" makes the weighted likelihood reward-weighted regression: the student routes a task's questions in
+    proportion to each worker's mean grade, so when the workers of a task are close the best leads by little.
     "advantage" subtracts the question's mean grade and drops what is left under 0, the positive part of a
     baseline-subtracted reward: a question every worker answers alike then teaches nothing about routing, and the
     best worker's lead grows.

@@ -1,7 +1,7 @@
 """Prompts of the Conductor and of its workers (docs/design.md section 8), written in our own words.
 
 Structure follows the reference: the Conductor gets a system message, a user message with the question, the pool
-as numbered ids, the step limit and a few example workflows from other task families, and continues an assistant
+as numbered ids, the step limit and a few example workflows from other tasks, and continues an assistant
 prefix that starts its planning. A worker gets a preamble, the overall question, every earlier step it may read
 as a tagged subtask + response pair, then its own subtask. Example workflows are rendered by `render_workflow`,
 so the prompts and the parser share one grammar.
@@ -36,7 +36,7 @@ _ACCESS_RULES = {
     ),
 }
 
-# Each example is a question from a family that differs from the usual benchmarks, with a workflow over
+# Each example is a question from a task that differs from the usual benchmarks, with a workflow over
 # generic model ids; ids are taken modulo the pool size so they are valid for any pool.
 _EXAMPLES: tuple[tuple[str, Workflow], ...] = (
     (

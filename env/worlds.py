@@ -340,13 +340,13 @@ def _replay(config: ReplayWorldConfig) -> World:
     return World("replay", pool, tasks)
 
 
-def replay_grades_by_family(tasks: Sequence[Task]) -> dict[str, np.ndarray]:
-    """{family: grades[question, worker]} of replayed tasks, families sorted and workers in `ROUTERDC_MODELS` order;
+def replay_grades_by_task(tasks: Sequence[Task]) -> dict[str, np.ndarray]:
+    """{task: grades[question, worker]} of replayed tasks, tasks sorted and workers in `ROUTERDC_MODELS` order;
     each grade is the worker's recorded chance of being right, and a task listed twice is two rows."""
     rows: dict[str, list[list[float]]] = {}
     for task in tasks:
         rows.setdefault(task.task_label, []).append([task.metadata["scores"][model] for model in ROUTERDC_MODELS])
-    return {family: np.asarray(rows[family]) for family in sorted(rows)}
+    return {task_label: np.asarray(rows[task_label]) for task_label in sorted(rows)}
 
 
 def replay_reference_points(tasks: Sequence[Task]) -> dict[str, float | str]:

@@ -1,10 +1,10 @@
-"""What each run of `scripts/train_variants.sh` reached: a line per run, then its greedy routes per family.
+"""What each run of `scripts/train_variants.sh` reached: a line per run, then its greedy routes per task.
 
     python scripts/train_variants_report.py OUT_DIR
 
 Per run (OUT_DIR/NAME with its console OUT_DIR/NAME.log): GRPO iterations finished, the median iteration time, the
 mean reward of the first and last fifth of the iterations, and, where the run ended and printed its summary, the
-greedy score on `--eval_tasks` with each family's accuracy and its most chosen worker's share.
+greedy score on `--eval_tasks` with each task's accuracy and its most chosen worker's share.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ def main(out: pathlib.Path) -> None:
             continue
         evaluation = summary["eval"]
         print(line + f"  greedy {100 * evaluation['average_accuracy']:.2f}")
-        for family, scores in sorted(evaluation["tasks"].items()):
-            chosen = evaluation["workers_chosen_by_task"].get(family, {})
+        for task, scores in sorted(evaluation["tasks"].items()):
+            chosen = evaluation["workers_chosen_by_task"].get(task, {})
             total = sum(chosen.values()) or 1
             top = max(chosen, key=chosen.get) if chosen else "-"
-            print(f"    {family:14} {100 * scores['correct']:6.2f}  {top} {chosen.get(top, 0) / total:.2f}")
+            print(f"    {task:14} {100 * scores['correct']:6.2f}  {top} {chosen.get(top, 0) / total:.2f}")
 
 
 if __name__ == "__main__":

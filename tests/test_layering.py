@@ -229,3 +229,24 @@ def test_a_conductor_word_in_rl_is_found(tmp_path):
         "conductor/terms.py": "# routes and workers belong here\n",
     })
     assert application_words(tmp_path) == ["rl/README.md:1: Strata", "rl/loop.py:1: Worker", "rl/loop.py:2: domain"]
+
+
+def unlisted_scripts(root: Path) -> list[str]:
+    """The files of `root`/scripts that docs/scripts.md does not name: what stays in scripts/ is a maintained tool,
+    listed there; a one-off measurement lives in its log entry instead."""
+    listed = (root / "docs" / "scripts.md").read_text(encoding="utf-8")
+    return [path.name for path in sorted((root / "scripts").iterdir())
+            if path.is_file() and not path.name.startswith("__") and f"scripts/{path.name}" not in listed
+            and f"scripts.{path.stem} " not in listed]
+
+
+def test_every_script_is_listed_in_the_scripts_page():
+    assert unlisted_scripts(ROOT) == []
+
+
+def test_an_unlisted_script_is_found(tmp_path):
+    _write(tmp_path, {
+        "docs/scripts.md": "| `python scripts/kept.py DIR` | ... |\n| `python -m scripts.module_tool --x` | ... |\n",
+        "scripts/kept.py": "", "scripts/module_tool.py": "", "scripts/one_off_ab.py": "", "scripts/__init__.py": "",
+    })
+    assert unlisted_scripts(tmp_path) == ["one_off_ab.py"]

@@ -4,7 +4,7 @@ The files hold no gold answers, only `{"question", "scores": {model: score}}` pe
 opaque token `routerdc:<stem>:<index>`: the replay worker writes it inside <answer> tags when its recorded outcome
 says the model was right, and `grade_exact` scores that as correct.
 
-A score means one of two things, by task family (RouterDC's `convert_dataset_7_model.ipynb`, which wrote the files):
+A score means one of two things, by task (RouterDC's `convert_dataset_7_model.ipynb`, which wrote the files):
 - generated answers (GSM8K, HumanEval, MBPP, JavaScript, MATH prealgebra): the fraction of the model's sampled answers
   that were right, which is the probability that one answer is right;
 - multiple choice (MMLU, CMMLU, ARC, C-Eval): the model's normalised probability of the right option *when
@@ -26,7 +26,7 @@ from env.tasks.base import Task
 from env.tasks.data_files import DATA_DIR_ENV, RemoteDataset, RemoteFile, locate
 from env.tasks.graders import grade_exact
 
-__all__ = ["DATA_DIR_ENV", "ROUTERDC_FILES", "data_dir", "family", "load_routerdc", "probability_right"]
+__all__ = ["DATA_DIR_ENV", "ROUTERDC_FILES", "data_dir", "file_task_label", "load_routerdc", "probability_right"]
 
 ROUTERDC_COMMIT = "0e63989c5bf4363330b8a4616386e3f7f116d9f8"
 # The 16 files of datasets/split2_model7/ at ROUTERDC_COMMIT, with the sha256 and size of their blobs there.
@@ -69,13 +69,13 @@ def data_dir(configured: str | os.PathLike | None = None) -> Path:
     return locate(ROUTERDC_FILES, configured).parent
 
 
-def family(stem: str) -> str:
-    """The task family of a file: its stem, lower case, without a train/test suffix (`gsm8k-test` -> `gsm8k`)."""
+def file_task_label(stem: str) -> str:
+    """The task of a file: its stem, lower case, without a train/test suffix (`gsm8k-test` -> `gsm8k`)."""
     return _SPLIT_SUFFIX_RE.sub("", stem.lower())
 
 
 def probability_right(task_label: str, score: float) -> float:
-    """The probability that a model's answer is right, from its recorded score on a question of this family."""
+    """The probability that a model's answer is right, from its recorded score on a question of this task."""
     return float(score > 0) if task_label in MULTIPLE_CHOICE_FAMILIES else float(score)
 
 
@@ -89,7 +89,7 @@ def load_routerdc(stem: str, path: str | os.PathLike | None = None) -> list[Task
     records = json.loads(file.read_text(encoding="utf-8"))
     if not isinstance(records, list):
         raise ValueError(f"{file} must hold a JSON list of records, got {type(records).__name__}")
-    task_label = family(stem)
+    task_label = file_task_label(stem)
     instruction = CODE_INSTRUCTION if task_label in CODE_FAMILIES else ANSWER_INSTRUCTION
     tasks = []
     for index, record in enumerate(records):

@@ -27,7 +27,7 @@ _FIELDS = {
     "all_routes": flags.DEFINE_boolean(
         "warm_start_all_routes", False,
         "Templates teacher: write each drawn question's template once per pool worker, so the warm-start's routing "
-        "target is exactly uniform on every question (drawn workers leave chance leanings family by family).",
+        "target is exactly uniform on every question (drawn workers leave chance leanings task by task).",
     ),
 }
 _TEMPLATES = flags.DEFINE_list(

@@ -21,7 +21,7 @@ from env import tasks as task_sets
 from env.tasks import extract_answer, grade_many, load, reference_response, wrong_response
 from env.tasks.base import Task
 from env.tasks.code import CodeTests
-from env.tasks.routerdc import DATA_DIR_ENV, data_dir, family
+from env.tasks.routerdc import DATA_DIR_ENV, data_dir, file_task_label
 from env.tasks.synthetic import TASK_LABELS
 
 
@@ -276,7 +276,7 @@ def test_generated_answer_files_record_the_fraction_of_ten_sampled_answers_that_
 
 
 def test_routerdc_families_drop_the_split_suffix():
-    assert {family(path.stem) for path in routerdc_dir().glob("*.json")} == {
+    assert {file_task_label(path.stem) for path in routerdc_dir().glob("*.json")} == {
         "arc_challenge", "arc_easy", "ceval", "cmmlu", "gsm8k", "humaneval", "javascript", "math_prealgebra",
         "mbpp", "mmlu",
     }

@@ -18,7 +18,7 @@ from env.worlds import (
     SyntheticWorldConfig,
     build_world,
     optimal_policy,
-    replay_grades_by_family,
+    replay_grades_by_task,
     replay_reference_points,
 )
 from tests.env.fake_providers import FakeOpenAI
@@ -96,18 +96,18 @@ def test_replay_world_reproduces_the_recorded_reference_points():
     assert round(100 * points["best_single"], 1) == 69.8 and round(100 * points["oracle"], 1) == 83.3
 
 
-def test_replay_grades_by_family_hold_each_question_once_per_listing_with_workers_in_pool_order():
+def test_replay_grades_by_task_hold_each_question_once_per_listing_with_workers_in_pool_order():
     world = build_world(ReplayWorldConfig(files=("cmmlu_test", "arc_challenge_test")))
     arc = [t for t in world.tasks if t.task_label == "arc_challenge"]
-    grades = replay_grades_by_family(world.tasks + arc[:2])
+    grades = replay_grades_by_task(world.tasks + arc[:2])
     assert list(grades) == ["arc_challenge", "cmmlu"]
     assert grades["arc_challenge"].shape == (352 + 2, 7) and grades["cmmlu"].shape == (3475, 7)
     assert grades["arc_challenge"][-1].tolist() == [arc[1].metadata["scores"][model] for model in ROUTERDC_MODELS]
     # ARC-C's test best and second (BUILD_NOTES' replay rows): zephyr 57.95, dolphin-2.6 52.56.
-    means = dict(zip(ROUTERDC_MODELS, replay_grades_by_family(arc)["arc_challenge"].mean(axis=0)))
+    means = dict(zip(ROUTERDC_MODELS, replay_grades_by_task(arc)["arc_challenge"].mean(axis=0)))
     assert round(100 * means["HuggingFaceH4/zephyr-7b-beta"], 2) == 57.95
     assert round(100 * means["cognitivecomputations/dolphin-2.6-mistral-7b"], 2) == 52.56
-    assert replay_grades_by_family([]) == {}
+    assert replay_grades_by_task([]) == {}
 
 
 def test_a_one_step_replay_is_right_as_often_as_recorded():
