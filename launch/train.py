@@ -145,7 +145,12 @@ def main(argv: list[str]) -> None:
     sampling = sampling_flags.from_flags()
     mesh = distributed.learner_mesh(_MESH_FSDP.value, _MESH_TP.value)
     loop_config = loop_flags.from_flags(env.config.recursion_rounds)
-    learner = Learner(model, learner_flags.from_flags(loop_config, sampling, environment.route_token_ids), mesh=mesh)
+    # --steady_shapes starts the learner's row length at the longest first-round prompt of the questions it trains on.
+    longest_prompt = max(map(len, map(environment.prompt_ids, range(environment.num_questions)))) if (
+        learner_flags.steady_shapes()) else 0
+    learner = Learner(
+        model, learner_flags.from_flags(loop_config, sampling, environment.route_token_ids, longest_prompt), mesh=mesh
+    )
     writer = MetricsWriter(log_dir) if distributed.is_main_process() else None
     loop = TrainingLoop(
         loop_config,

@@ -27,7 +27,7 @@ from models.sharding import batch_sharding, shard_model
 from rl import row_selection
 from rl.auxiliary import TermInputs
 from rl.losses import LossConfig, aggregation_weights, grpo_loss
-from rl.trajectories import Trajectories, take_columns
+from rl.trajectories import Trajectories, bucket_length, take_columns
 
 OldLogprobs = Literal["recompute", "sampler"]
 
@@ -129,6 +129,11 @@ class LearnerConfig:
         are each at least the largest before, padded with columns and rows that carry no loss. Each new shape is a
         new XLA program; with the floors, the programs stop growing once the largest shapes have appeared, at the
         cost of running later steps at those shapes (docs/decisions/033-steady-shapes.md). The update is the same.
+    steady_prompt_tokens, steady_completion_tokens: with steady_shapes, the floors start at the largest shapes the
+        run can need, so that its first optimizer step compiles the program every later step runs: every row of a
+        mini-batch, every row of a prompt block, and the completion block and row length of a prompt of
+        `steady_prompt_tokens` tokens and a completion of `steady_completion_tokens` (both 0: the floors start at
+        the first step's own shapes). A longer prompt still runs, at a new, larger shape.
     lora: with a rank > 0, the learner adapts the model (`models.lora.apply_lora`) and trains, checkpoints and keeps
         optimizer state for the adapters alone; weight sync and saved models see the merged weights.
     """
@@ -145,6 +150,8 @@ class LearnerConfig:
     skip_zero_gradient_rows: bool = True
     run_duplicates_once: bool = True
     steady_shapes: bool = False
+    steady_prompt_tokens: int = 0
+    steady_completion_tokens: int = 0
     lora: LoRAConfig = LoRAConfig()
 
     def __post_init__(self) -> None:
@@ -171,6 +178,12 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
         if self.temperature <= 0:
             raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
+        steady_lengths = (self.steady_prompt_tokens, self.steady_completion_tokens)
+        if min(steady_lengths) < 0 or (max(steady_lengths) > 0 and (min(steady_lengths) == 0 or not self.steady_shapes)):
+            raise ValueError(
+                "steady_prompt_tokens and steady_completion_tokens are both > 0, with steady_shapes, or both 0; got "
+                f"{steady_lengths} with steady_shapes={self.steady_shapes}"
+            )
 
 
 def optimizer_steps_per_update(rows: int, mini_batch_size: int | None, ppo_epochs: int) -> int:
@@ -446,6 +459,17 @@ class Learner:
         if self.config.steady_shapes:
             self._shape_floors.update({name: max(self._shape_floors[name], value) for name, value in shape.items()})
 
+    def _start_floors(self, mini_batch: Trajectories) -> None:
+        """Raises the floors to the largest shapes a step can need (`LearnerConfig.steady_prompt_tokens`)."""
+        rows_per_pass, prompt_block = self._rows_per_pass(mini_batch.batch_size), self._prompt_block(mini_batch)
+        width = bucket_length(self.config.steady_completion_tokens, mini_batch.completion_buckets)
+        self._raise_floors(
+            rows=mini_batch.batch_size,
+            distinct=prompt_block if prompt_block > 1 else rows_per_pass,
+            width=width,
+            length=bucket_length(self.config.steady_prompt_tokens + width, mini_batch.length_buckets),
+        )
+
     def _model_rows(self, batch: Trajectories) -> ModelRows:
         """The rows of `batch` the model runs (`rl.row_selection.model_rows`), placed on the devices."""
         rows_per_pass, batch_prompt_block = self._rows_per_pass(batch.batch_size), self._prompt_block(batch)
@@ -510,6 +534,8 @@ class Learner:
             )
         rows = batch.batch_size
         mini_batches = self._mini_batches(batch)
+        if self.config.steady_completion_tokens and self._shape_floors["rows"] == 0:  # no step has run here yet
+            self._start_floors(mini_batches[0][0])
         # Each step is padded only as far as its own longest prompt: one long question no longer makes every
         # optimizer step of the update run at its length.
         steps = [

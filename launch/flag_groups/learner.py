@@ -115,11 +115,17 @@ _UPDATE_FIELDS = {
     ),
     "steady_shapes": flags.DEFINE_boolean(
         "steady_shapes", False,
-        "No optimizer step runs at a smaller shape (rows, columns, completion block, distinct rows) than the largest "
-        "one before it, padded with rows and columns that carry no loss: the same update; XLA stops compiling new "
-        "programs once the largest shapes have appeared, and later steps run at those shapes.",
+        "Every optimizer step runs at the largest shape the run can need: every row of its mini-batch, a completion "
+        "block of --max_tokens and the row length of the world's longest prompt, padded with rows and columns that "
+        "carry no loss. The same update; the first step compiles the program every later one runs (a longer prompt, "
+        "as recursion rounds write, raises the shape once more).",
     ),
 }
+
+
+def steady_shapes() -> bool:
+    """Whether --steady_shapes is set (the entry point then measures the longest prompt for `from_flags`)."""
+    return _UPDATE_FIELDS["steady_shapes"].value
 
 
 def terms_from_flags(total_steps: int, route_token_ids: tuple[int, ...]) -> tuple[TermConfig, ...]:
@@ -145,13 +151,17 @@ def lora_from_flags(seed: int) -> LoRAConfig:
     return LoRAConfig(rank=_LORA_RANK.value, alpha=_LORA_ALPHA.value, targets=tuple(_LORA_TARGETS.value), seed=seed)
 
 
-def from_flags(loop: LoopConfig, sampling: SamplingParams, route_token_ids: tuple[int, ...] = ()) -> LearnerConfig:
+def from_flags(
+    loop: LoopConfig, sampling: SamplingParams, route_token_ids: tuple[int, ...] = (), longest_prompt: int = 0
+) -> LearnerConfig:
     """The learner's config for `loop`'s batches, sampled with `sampling`; `route_token_ids` are the tokens that can
     write a worker id (`conductor.loop_environment.TokenizedConductorEnv.route_token_ids`), which --route_entropy_coef
-    needs. With recursion rounds the row count varies, and so does the number of optimizer steps of an update; the
+    needs; `longest_prompt` (tokens) is where --steady_shapes starts the row length (0: at the first step's). With recursion rounds the row count varies, and so does the number of optimizer steps of an update; the
     learning-rate schedule and the route entropy bonus's decay count the optimizer steps of the largest batch
     (`loop.max_rows`), so neither runs out early (`OptimizerConfig`)."""
     update = field_values(_UPDATE_FIELDS)
+    if update["steady_shapes"] and longest_prompt:
+        update |= {"steady_prompt_tokens": longest_prompt, "steady_completion_tokens": sampling.max_new_tokens}
     steps_per_update = optimizer_steps_per_update(loop.max_rows, update["mini_batch_size"], update["ppo_epochs"])
     total_steps = loop.iterations * steps_per_update
     optimizer = OptimizerConfig(

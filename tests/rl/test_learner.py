@@ -16,7 +16,7 @@ from rl.checkpoint import Checkpointer
 import rl.learner
 from rl.learner import Learner, LearnerConfig, OptimizerConfig
 from rl.losses import LossConfig
-from rl.trajectories import build
+from rl.trajectories import Trajectories, build
 from tests.rl.helpers import SGDConfig, assert_same_training_state
 from tests.tiny_models import tiny_config
 
@@ -162,6 +162,47 @@ def test_mini_batches_trimmed_to_their_own_longest_completion_give_the_same_upda
     assert shapes[4:] == [(32, 16)] * 4
     assert_same_training_state(trimmed, whole)
 
+
+
+def test_steady_shapes_started_at_the_largest_lengths_run_every_step_at_one_shape_with_the_same_update(monkeypatch):
+    rng = np.random.default_rng(5)
+
+    def batch(prompt_length: int, completion_lengths: tuple[int, int], rewards: list[float]) -> Trajectories:
+        prompts = [list(rng.integers(3, 250, size=prompt_length))] * 4 + [list(rng.integers(3, 250, size=3))] * 4
+        completions = [list(rng.integers(3, 250, size=rng.integers(*completion_lengths))) for _ in range(8)]
+        sampler = [list(-rng.uniform(3.0, 8.0, size=len(c))) for c in completions]
+        group_ids = np.repeat(np.arange(2), 4)
+        adv = advantages.compute("grpo", np.asarray(rewards), group_ids)
+        return build(prompts, completions, sampler, adv, group_ids, pad_id=0, length_buckets=(16, 32, 64),
+                     completion_buckets=(4, 8, 16))
+
+    # Short then long completions and prompts; in the last batch the first group's rewards agree (no gradient).
+    batches = [batch(4, (1, 4), [1, 0, 0, 1, 0, 1, 1, 0]), batch(11, (9, 17), [0, 1, 1, 0, 1, 0, 0, 1]),
+               batch(6, (2, 6), [1, 1, 1, 1, 0, 1, 1, 0])]
+    plain = LearnerConfig(optimizer=SGDConfig(learning_rate=SGD_RATE), mini_batch_size=8)
+    steady = dataclasses.replace(plain, steady_shapes=True, steady_prompt_tokens=12, steady_completion_tokens=16)
+    shapes, train_step = [], rl.learner._train_step
+
+    def recorded(*args, **kwargs):
+        rows = args[4]
+        shapes.append((rows.batch_size, rows.length, rows.length - rows.completion_start))
+        return train_step(*args, **kwargs)
+
+    monkeypatch.setattr(rl.learner, "_train_step", recorded)
+    learners = {}
+    for name, config in (("plain", plain), ("steady", steady)):
+        learners[name] = Learner(_model(), config)
+        for each in batches:
+            learners[name].update(each)
+    plain_shapes, steady_shapes = shapes[:3], shapes[3:]
+    assert len(set(plain_shapes)) == 3, plain_shapes
+    # Every row, a completion block of 16 and the row length of 12 + 16 tokens' bucket, from the first step on.
+    assert steady_shapes == [(8, 32, 16)] * 3
+    assert_same_training_state(learners["steady"], learners["plain"])
+    with pytest.raises(ValueError, match="both > 0, with steady_shapes"):
+        dataclasses.replace(plain, steady_prompt_tokens=12, steady_completion_tokens=16)
+    with pytest.raises(ValueError, match="both > 0, with steady_shapes"):
+        dataclasses.replace(plain, steady_shapes=True, steady_completion_tokens=16)
 
 def _grouped_batch(seed: int, groups: int = 3, group_size: int = 4):
     """A GRPO batch: each group's completions follow the same prompt, prompts of different lengths."""
