@@ -24,7 +24,7 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from env import orchestration
+from env import orchestration, pools
 from env.rewards import RewardConfig
 from env.tasks.base import Task
 
@@ -134,7 +134,7 @@ def orchestration_problem(
     correct, wrong = reference.reward_config.correct, reference.reward_config.wrong
     p_rows, reward_rows = [], []
     for task in tasks:
-        p_right, reward = reference.table(orchestration.offered_pool(task))
+        p_right, reward = reference.table(pools.offered_pool(task))
         row = reference.row(task)
         p_rows.append(p_right[row])
         reward_rows.append(reward[row])

@@ -25,13 +25,14 @@ import numpy as np
 from conductor import bandit
 from conductor.outcomes import Outcome, sample_id, scored_outcome
 from conductor.report import summarize
-from env import orchestration, policies
+from env import frontier, orchestration, policies
 from env.executor import step_seed
 from env.gym_env import ConductorEnv
 from env.tasks.base import Task
 from env.workers.base import WorkerError, WorkerReply
 from env.workers.cache import cache_key
 from env.workflow import Workflow, render_workflow
+from env.worlds import World
 
 BASELINES = (
     "single", "task_best", "random", "oracle", "moa", "self_reflection", "consensus", "prompted_conductor",
@@ -111,6 +112,20 @@ def orchestration_figures(
         "gap_closed": orchestration.gap_closed(reward, figures["best_fixed_reward"], figures["optimum_reward"]),
         "shapes": orchestration.shape_shares([outcome.workflow for outcome in outcomes]),
     }
+
+
+def recorded_figures(world: World, outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """A method's accuracy and cost per question on a recorded world (zeroeval) beside the exact baselines of the
+    same questions' records (`env.frontier`); pool by pool where the questions are offered pools (`env.pools`). The
+    outcomes must be one per question, in the world's task order (a greedy evaluation)."""
+    by_id = {outcome.task_id: outcome for outcome in outcomes}
+    if len(by_id) != len(outcomes) or set(by_id) != {task.id for task in world.tasks}:
+        raise ValueError("recorded figures need one outcome per question of the world")
+    correct = [by_id[task.id].metrics["correct"] for task in world.tasks]
+    cost = [by_id[task.id].metrics.get("cost_usd", 0.0) for task in world.tasks]
+    if "pool" in world.tasks[0].metadata:
+        return frontier.offered_pool_figures(world.tasks, world.pool, correct, cost)
+    return frontier.method_and_baselines(world.tasks, world.pool, correct, cost)
 
 
 def random_choice(pool_size: int, seed: int) -> WorkflowChoice:

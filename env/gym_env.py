@@ -21,6 +21,7 @@ import gymnasium
 
 from env import prompts
 from env.executor import Execution, ExecutorConfig, aclose_workers, execute_async, expected_grade
+from env.pools import offered_pool_size
 from env.rewards import RewardConfig, reward
 from env.tasks import sandbox
 from env.tasks.base import Task
@@ -155,7 +156,7 @@ class ConductorEnv(gymnasium.Env):
 
     def observation(self, task: Task, previous: Scored | None = None) -> dict[str, Any]:
         """The Conductor prompt for `task`: the first round, or the recursion round after `previous`."""
-        pool_size, config = len(self.world.pool), self.config
+        pool_size, config = offered_pool_size(task, len(self.world.pool)), self.config
         if previous is None:
             messages = prompts.conductor_messages(task.question, pool_size, config.max_steps, config.access_mode)
         else:
@@ -198,7 +199,7 @@ class ConductorEnv(gymnasium.Env):
         try:
             workflow = parse_workflow(
                 prompts.CONDUCTOR_PREFIX + completion_text,
-                len(self.world.pool),
+                offered_pool_size(task, len(self.world.pool)),
                 config.max_steps,
                 config.access_mode,
                 allow_empty=previous is not None,

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from env.optimum import access_pattern, candidate_workflows, reward_table
+from env.pools import offered_pool
 from env.rewards import RewardConfig
 from env.tasks import synthetic
 from env.tasks.base import Task
@@ -144,11 +145,6 @@ def pool_split(config: OrchestrationWorldConfig) -> dict[str, tuple[tuple[int, .
     test = pools[config.validation_pools : config.validation_pools + config.test_pools]
     train = pools[config.validation_pools + config.test_pools :]
     return {"train": tuple(sorted(train)), "validation": tuple(sorted(validation)), "test": tuple(sorted(test))}
-
-
-def offered_pool(task: Task) -> tuple[int, ...]:
-    """The workers a question is offered, in slot order."""
-    return tuple(task.metadata["pool"])
 
 
 def context(task: Task) -> tuple[str, str, tuple[int, ...]]:

@@ -19,9 +19,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from env import tasks as task_library
-from env.tasks.zeroeval import ZEROEVAL_MODELS, ZEROEVAL_TASKS, load_zeroeval
+from env.tasks.zeroeval import ZEROEVAL_MODELS, ZEROEVAL_OPEN_MODELS, ZEROEVAL_TASKS, load_zeroeval
 from env.orchestration import OrchestrationReference, OrchestrationWorldConfig
 from env.orchestration import build as build_orchestration
+from env.pools import OfferedSlot, draw_pool, offer, random_pools
 from env.rewards import RewardConfig
 from env.tasks.base import Task
 from env.workers.anthropic_api import AnthropicWorker
@@ -200,6 +201,12 @@ class ZeroEvalWorldConfig:
     tokenizer: Tokenizer = "cl100k_base"
     o1_mini_output_factor: float = 1.0
     latency_s: float = 0.0
+    # Offered pools (`env.pools`): "all" offers none (every model, by id); "train" a random pool of `pool_sizes`
+    # models per question, never a held-out one; a held-out pool's name ("open", "closed", "random-<i>") that pool;
+    # "heldout" every held-out pool in turn (`zeroeval_heldout_pools`).
+    pools: str = "all"
+    pool_sizes: tuple[int, int] = (3, 9)
+    heldout_random_pools: int = 20
 
     def __post_init__(self) -> None:
         if not self.tasks or set(self.tasks) - set(ZEROEVAL_TASKS):
@@ -214,6 +221,45 @@ class ZeroEvalWorldConfig:
             raise ValueError(f"o1_mini_output_factor must be finite and >= 1, got {self.o1_mini_output_factor}")
         if self.limit_per_task is not None and self.limit_per_task < 1:
             raise ValueError(f"limit_per_task must be >= 1, got {self.limit_per_task}")
+        low, high = self.pool_sizes
+        if self.pools != "all" and (not 1 <= low <= high <= len(self.models) or self.heldout_random_pools < 0):
+            raise ValueError(f"pool_sizes must be 1 <= low <= high <= {len(self.models)} models and "
+                             f"heldout_random_pools >= 0, got {self.pool_sizes}, {self.heldout_random_pools}")
+        if self.pools not in ("all", "train", "heldout") and self.pools not in zeroeval_heldout_pools(self):
+            raise ValueError(
+                f"zeroeval pools must be all, train, heldout or a held-out pool's name "
+                f"({', '.join(zeroeval_heldout_pools(self))}), got {self.pools!r}"
+            )
+
+
+def zeroeval_heldout_pools(config: ZeroEvalWorldConfig) -> dict[str, tuple[int, ...]]:
+    """The pools no "train" question is offered, by name (indices into `config.models`): the open-weight models, the
+    API-only ones, and `heldout_random_pools` random pools of `pool_sizes` models, drawn from `split_seed`."""
+    open_models = tuple(i for i, model in enumerate(config.models) if model in ZEROEVAL_OPEN_MODELS)
+    closed_models = tuple(i for i in range(len(config.models)) if i not in open_models)
+    named = {"open": open_models, "closed": closed_models}
+    named = {name: pool for name, pool in named.items() if pool}
+    drawn = random_pools(len(config.models), config.pool_sizes, config.heldout_random_pools,
+                         f"zeroeval held-out pools/{config.split_seed}", exclude=list(named.values()))
+    return named | {f"random-{i}": pool for i, pool in enumerate(drawn)}
+
+
+def _offered(config: ZeroEvalWorldConfig, workers: list[Worker], tasks: list[Task]) -> tuple[list[Worker], list[Task]]:
+    """`workers` as slots of the pools `config.pools` offers on `tasks` (`env.pools`)."""
+    heldout = zeroeval_heldout_pools(config)
+    if config.pools == "train":
+        rng = random.Random(f"zeroeval offered pools/{config.split_seed}/{config.split}/{config.seed}")
+        offers = [(draw_pool(len(workers), config.pool_sizes, rng, exclude=list(heldout.values())), "train")
+                  for _ in tasks]
+    elif config.pools == "heldout":
+        names = list(heldout)
+        offers = [(heldout[names[i % len(names)]], names[i % len(names)]) for i in range(len(tasks))]
+    else:
+        offers = [(heldout[config.pools], config.pools)] * len(tasks)
+    offered = [offer(task, pool, name) for task, (pool, name) in zip(tasks, offers)]
+    # As many slots as the largest pool that can be offered: a question's prompt still lists its own pool alone.
+    slots = config.pool_sizes[1] if config.pools == "train" else max(len(pool) for pool, _ in offers)
+    return [OfferedSlot(slot, workers) for slot in range(slots)], offered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,6 +426,8 @@ def _zeroeval(config: ZeroEvalWorldConfig) -> World:
             kept = sorted(random.Random(config.seed).sample(range(len(loaded)), config.limit_per_task))
             loaded = [loaded[index] for index in kept]
         tasks.extend(loaded)
+    if config.pools != "all":
+        pool, tasks = _offered(config, pool, tasks)
     return World("zeroeval", pool, tasks)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from absl import app, flags
 
 from conductor import console
-from conductor.baselines import BASELINES, orchestration_figures, run_baselines
+from conductor.baselines import BASELINES, orchestration_figures, recorded_figures, run_baselines
 from conductor.conductor_env import build_env
 from conductor.generators import build_generator, share_gpu_with_torch_generator
 from conductor.loop_environment import TokenizedConductorEnv
@@ -94,6 +94,8 @@ def main(argv: list[str]) -> None:
             results[f"Conductor ({flags.FLAGS.conductor})"]["orchestration"] = orchestration_figures(
                 env.world.orchestration, env.world.tasks, outcomes
             )
+        if env.world.name == "zeroeval" and _REPEATS.value == 1:
+            results[f"Conductor ({flags.FLAGS.conductor})"]["recorded"] = recorded_figures(env.world, outcomes)
     config = baseline_flags.from_flags([method for method in _METHODS.value if method in BASELINES])
     if config.baselines:
         results.update(run_baselines(env, config, _REPEATS.value))

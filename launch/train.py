@@ -31,7 +31,7 @@ from absl import app, flags
 from flax import nnx
 
 from conductor import console, distributed
-from conductor.baselines import orchestration_figures
+from conductor.baselines import orchestration_figures, recorded_figures
 from conductor.conductor_env import build_env
 from conductor.format_check import greedy_valid_format, held_out_questions
 from conductor.generators import build_generator, share_gpu_with_torch_generator
@@ -41,7 +41,6 @@ from conductor.outcomes import conductor_outcomes
 from conductor.report import summarize
 from conductor.teachers import task_label_indices
 from conductor.warm_start import warm_start
-from env import frontier
 from launch.flag_groups import conductor as conductor_flags
 from launch.flag_groups import console as console_flags
 from launch.flag_groups import distributed as distributed_flags
@@ -96,9 +95,7 @@ def greedy_eval(generator: Generator, tokenizer: Any, sampling: SamplingParams) 
     if eval_env.world.orchestration is not None:
         summary.update(orchestration_figures(eval_env.world.orchestration, eval_env.world.tasks, outcomes))
     if eval_env.world.name == "zeroeval":
-        summary.update(frontier.method_and_baselines(
-            eval_env.world.tasks, eval_env.world.pool, [o.metrics["correct"] for o in outcomes],
-            [o.metrics.get("cost_usd", 0.0) for o in outcomes]))
+        summary.update(recorded_figures(eval_env.world, outcomes))
     return summary
 
 

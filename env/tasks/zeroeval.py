@@ -48,6 +48,8 @@ ZEROEVAL_MODELS = (
     "deepseek-v2.5-0908",
     "Mistral-Large-2",
 )
+# The models whose weights are published (the rest are served only through their makers' APIs).
+ZEROEVAL_OPEN_MODELS = ZEROEVAL_MODELS[9:]
 # The model whose files hold every question of every task: it fixes the question order.
 _REFERENCE_MODEL = "o1-mini-2024-09-12"
 # Where a summary row names a model otherwise than its file (ZeroEval's `model_name_replacement`).

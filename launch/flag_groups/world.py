@@ -75,6 +75,11 @@ _O1_MINI_OUTPUT_FACTOR = flags.DEFINE_float(
     "the records lack (docs/zeroeval.md).",
 )
 
+_ZEROEVAL_POOL_SIZES = flags.DEFINE_list(
+    "zeroeval_pool_sizes", ["3", "9"],
+    "zeroeval world with offered pools (a pools=... entry of --tasks): the smallest and the largest random pool.",
+)
+
 
 def _synthetic(tasks: Sequence[str], answer_model: AnswerModel) -> SyntheticWorldConfig:
     skills = _rows("synthetic_skills", _SYNTHETIC_SKILLS.value)
@@ -123,18 +128,27 @@ def _paper(tasks: Sequence[str], answer_model: AnswerModel) -> PaperWorldConfig:
 
 
 def _zeroeval(tasks: Sequence[str], answer_model: AnswerModel) -> ZeroEvalWorldConfig:
-    """`tasks`: ZeroEval task names (default all three) and at most one split name (train, the default; test; all),
-    so that --tasks=train and --eval_tasks=test name the two halves."""
+    """`tasks`: ZeroEval task names (default all three), at most one split name (train, the default; test; all),
+    so that --tasks=train and --eval_tasks=test name the two halves, and at most one `pools=...` (the offered pools,
+    `ZeroEvalWorldConfig.pools`: --tasks=train,pools=train --eval_tasks=test,pools=heldout)."""
     del answer_model  # a record answers the same whatever the call reads
     splits = [entry for entry in tasks if entry in _ZEROEVAL_SPLITS]
     if len(splits) > 1:
         raise ValueError(f"zeroeval: name at most one split of {', '.join(_ZEROEVAL_SPLITS)}, got {splits}")
-    names = tuple(entry for entry in tasks if entry not in _ZEROEVAL_SPLITS) or zeroeval.ZEROEVAL_TASKS
+    pools = [entry.removeprefix("pools=") for entry in tasks if entry.startswith("pools=")]
+    if len(pools) > 1:
+        raise ValueError(f"zeroeval: name at most one pools=..., got {pools}")
+    names = tuple(e for e in tasks if e not in _ZEROEVAL_SPLITS and not e.startswith("pools=")) or (
+        zeroeval.ZEROEVAL_TASKS)
     directory = str(zeroeval.data_dir(_DATA_DIR.value)) if _DATA_DIR.value else None
+    sizes = tuple(int(size) for size in _ZEROEVAL_POOL_SIZES.value)
+    if len(sizes) != 2:
+        raise ValueError(f"--zeroeval_pool_sizes takes the smallest and the largest pool, got {sizes}")
     return ZeroEvalWorldConfig(
         tasks=names, split=splits[0] if splits else "train", data_dir=directory,
         limit_per_task=_TASK_LIMIT.value, seed=shared.SEED.value, tokenizer=_ZEROEVAL_TOKENIZER.value,
         o1_mini_output_factor=_O1_MINI_OUTPUT_FACTOR.value, latency_s=_WORKER_LATENCY.value,
+        pools=pools[0] if pools else "all", pool_sizes=sizes,
     )
 
 

@@ -1,0 +1,165 @@
+"""Offered pools (`env.pools`): the question names each slot's worker, the prompt lists the offered ids alone, a slot
+answers as the worker seated there, and the zeroeval world's training pools never include a held-out one."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import numpy as np
+import pytest
+
+from env import frontier, pools
+from env.executor import Execution, StepRecord, expected_grade
+from env.gym_env import ConductorEnv, EnvConfig
+from env.tasks import data_files
+from env.tasks.base import Task
+from env.tasks.graders import grade_exact
+from env.workers.base import WorkerError, WorkerReply
+from env.workers.simulated import SimulatedWorker
+from env.worlds import World, ZeroEvalWorldConfig, build_world, zeroeval_heldout_pools
+from tests.env.helpers import ScriptedWorker, exact_task
+
+TEAM = data_files.team_root() / "zeroeval"
+
+
+def test_an_offer_names_each_slots_worker_in_the_question_and_keeps_the_rest():
+    task = pools.offer(exact_task(), (3, 0, 7), "p")
+    assert task.question == "Models offered: id 0 = M3, id 1 = M0, id 2 = M7.\n\nWhat is 6 * 7?"
+    assert pools.offered_pool(task) == (3, 0, 7) and task.metadata["pool_name"] == "p"
+    assert (task.gold, task.task_label) == ("42", "math")
+    assert pools.offered_pool_size(task, 16) == 3 and pools.offered_pool_size(exact_task(), 16) == 16
+    for bad in ((), (1, 1), (-1, 2)):
+        with pytest.raises(ValueError, match="distinct worker indices"):
+            pools.offer(exact_task(), bad)
+
+
+def test_random_pools_are_distinct_sized_within_the_range_avoid_the_excluded_and_repeat_from_their_seed():
+    excluded = [(0, 1, 2)]
+    drawn = pools.random_pools(6, (2, 4), 30, "s", exclude=excluded)
+    assert len(set(drawn)) == 30 and all(2 <= len(p) <= 4 and p == tuple(sorted(p)) for p in drawn)
+    assert (0, 1, 2) not in drawn
+    assert drawn == pools.random_pools(6, (2, 4), 30, "s", exclude=excluded)
+    assert drawn != pools.random_pools(6, (2, 4), 30, "t", exclude=excluded)
+    every = [c for k in (2, 3) for c in itertools.combinations(range(4), k)]  # all 10 pools of 2-3 of 4 workers
+    with pytest.raises(ValueError, match="fewer than 3 pools"):
+        pools.random_pools(4, (2, 3), 3, "s", exclude=every[:8])
+    with pytest.raises(ValueError, match="every pool"):
+        pools.draw_pool(4, (2, 3), __import__("random").Random(0), exclude=every)
+    with pytest.raises(ValueError, match="pool sizes"):
+        pools.random_pools(4, (3, 5), 1, "s")
+
+
+def test_a_slot_answers_as_the_worker_the_question_seats_there_and_fails_past_its_pool():
+    workers = [ScriptedWorker(f"w{i}", answer=str(i)) for i in range(4)]
+    slots = [pools.OfferedSlot(slot, workers) for slot in range(3)]
+    task = pools.offer(exact_task(), (2, 0))
+
+    async def answers():
+        return [await slots[s].complete([], max_tokens=8, temperature=0.0, seed=0, task=task) for s in (0, 1)]
+
+    assert [reply.text for reply in asyncio.run(answers())] == ["<answer>2</answer>", "<answer>0</answer>"]
+    assert [len(w.calls) for w in workers] == [1, 0, 1, 0]
+    with pytest.raises(WorkerError, match="offers 2 workers"):
+        asyncio.run(slots[2].complete([], max_tokens=8, temperature=0.0, seed=0, task=task))
+    with pytest.raises(WorkerError, match="needs the task"):
+        asyncio.run(slots[0].complete([], max_tokens=8, temperature=0.0, seed=0))
+    with pytest.raises(ValueError, match="outside a pool of 4"):
+        pools.OfferedSlot(4, workers)
+
+
+def test_the_expected_grade_is_the_seated_workers():
+    workers = [SimulatedWorker("sure", {"math": 1.0}), SimulatedWorker("never", {"math": 0.0})]
+    slots = [pools.OfferedSlot(0, workers)]
+    step = StepRecord(index=0, worker=0, worker_name="slot-0", instruction="Answer.", visible=(), response="x",
+                      error=None, prompt_tokens=1, completion_tokens=1, cost_usd=0.0, latency_s=0.0, cached=False,
+                      started_s=0.0, finished_s=0.0)
+    execution = Execution(final_answer="x", steps=(step,), calls=1, tokens=2, cost_usd=0.0, wall_s=0.0)
+    assert expected_grade(execution, pools.offer(exact_task(), (0,)), slots) == 1.0
+    assert expected_grade(execution, pools.offer(exact_task(), (1,)), slots) == 0.0
+
+
+def test_the_conductor_prompt_lists_the_offered_ids_alone_and_a_workflow_naming_another_is_malformed():
+    workers = [ScriptedWorker(f"w{i}", answer="42") for i in range(5)]
+    world = World("offered", [pools.OfferedSlot(slot, workers) for slot in range(4)], [pools.offer(exact_task(), (4, 1))])
+    env = ConductorEnv(world, EnvConfig(max_steps=2))
+    prompt = env.observation(world.tasks[0])["messages"][1]["content"]
+    assert "- Model id 1" in prompt and "- Model id 2" not in prompt and "from 0 to 1" in prompt
+
+    def workflow(worker: int) -> str:
+        return f'Answer it.\nmodel_id = [{worker}]\nsubtasks = ["Answer."]\naccess_list = [[]]\n'
+
+    right = asyncio.run(env.score(world.tasks[0], workflow(1)))
+    assert right.parse_error is None and right.grade == 1.0 and len(workers[1].calls) == 1
+    wrong = asyncio.run(env.score(world.tasks[0], workflow(2)))
+    assert wrong.workflow is None and wrong.parse_error == "model_id[0] is 2, outside the pool's ids 0..1"
+    env.close()
+
+
+class _Recorded:
+    def __init__(self, name: str, answers: dict[str, str], cost: float) -> None:
+        self.name, self.model, self.answers, self.cost = name, name, answers, cost
+
+    def reply(self, task):
+        return WorkerReply(f"<answer>{self.answers[task.id.split('@')[0]]}</answer>", 1, 1, self.cost, 0.0)
+
+
+def test_pool_figures_give_each_pool_its_own_baselines_against_numpy():
+    # Three models: m0 right on every question, m1 on the a-questions, m2 on none; costs 3, 1 and 0.5.
+    questions = [Task(f"q{i}", label, "?", "right", grade_exact) for i, label in enumerate("aabb")]
+    answers = [{"q0": "right", "q1": "right", "q2": "right", "q3": "right"},
+               {"q0": "right", "q1": "right", "q2": "no", "q3": "no"}, dict.fromkeys(["q0", "q1", "q2", "q3"], "no")]
+    workers = [_Recorded(f"m{m}", answers[m], cost) for m, cost in enumerate((3.0, 1.0, 0.5))]
+    offered = [pools.offer(q, (1, 2), "cheap") for q in questions] + [
+        pools.offer(Task(f"{q.id}@x", q.task_label, q.question, q.gold, q.grader), (0, 1), "mixed") for q in questions
+    ]
+    slots = [pools.OfferedSlot(slot, workers) for slot in range(2)]
+    correct = [1.0, 1.0, 0.0, 0.0] + [1.0, 0.0, 1.0, 1.0]
+    cost = [1.0, 1.0, 0.5, 0.5] + [1.0, 1.0, 3.0, 3.0]
+    figures = frontier.offered_pool_figures(offered, slots, correct, cost)
+    assert figures["accuracy"] == np.mean(correct) and figures["cost_usd_per_question"] == np.mean(cost)
+    cheap, mixed = figures["pools"]["cheap"], figures["pools"]["mixed"]
+    assert (cheap["models"], cheap["questions"], mixed["models"]) == ([1, 2], 4, [0, 1])
+    # cheap pool: a to m1 (2 right at 1), b: neither right, the cheaper m2: 2 of 4 at (1 + 1 + 0.5 + 0.5) / 4
+    assert cheap["baselines"]["per_task_best"] == {"route": "a: slot-0, b: slot-1", "accuracy": 0.5,
+                                                   "cost_usd_per_question": 0.75}
+    assert cheap["to_per_task_best"] == 1.0
+    # mixed pool: a to m1 (right, cheaper), b to m0: every question right; the method got 3 of 4
+    assert mixed["baselines"]["per_task_best"]["accuracy"] == 1.0 and mixed["to_per_task_best"] == 0.75
+    assert figures["pools_at_share"] == 1
+    with pytest.raises(ValueError, match="2 questions but 1 answers"):
+        frontier.offered_pool_figures(offered[:2], slots, [1.0], [1.0])
+
+
+def test_the_zeroeval_held_out_pools_are_open_closed_and_random_ones_fixed_by_the_split_seed():
+    config = ZeroEvalWorldConfig()
+    heldout = zeroeval_heldout_pools(config)
+    assert heldout["open"] == tuple(range(9, 16)) and heldout["closed"] == tuple(range(9))
+    random_ones = [heldout[f"random-{i}"] for i in range(20)]
+    assert len(heldout) == 22 and len(set(random_ones)) == 20 and all(3 <= len(p) <= 9 for p in random_ones)
+    assert zeroeval_heldout_pools(ZeroEvalWorldConfig(seed=5)) == heldout
+    assert zeroeval_heldout_pools(ZeroEvalWorldConfig(split_seed=1)) != heldout
+    with pytest.raises(ValueError, match="zeroeval pools must be"):
+        ZeroEvalWorldConfig(pools="random-20")
+    with pytest.raises(ValueError, match="pool_sizes"):
+        ZeroEvalWorldConfig(pools="train", pool_sizes=(3, 17))
+
+
+@pytest.mark.skipif(not TEAM.is_dir(), reason="no team copy of the zeroeval files on this machine")
+def test_zeroeval_training_questions_are_never_offered_a_held_out_pool_and_evaluation_rotates_through_them():
+    config = ZeroEvalWorldConfig(pools="train", limit_per_task=60, data_dir=str(TEAM))
+    heldout = set(zeroeval_heldout_pools(config).values())
+    train = build_world(config)
+    offered = [pools.offered_pool(task) for task in train.tasks]
+    assert len(train.pool) == 9 and not heldout & set(offered)
+    assert {len(p) for p in offered} == set(range(3, 10)) and len(set(offered)) > 150
+    first = train.tasks[0]
+    assert first.question.startswith("Models offered: id 0 = M") and first.metadata["records"]
+    evaluation = build_world(ZeroEvalWorldConfig(split="test", pools="heldout", limit_per_task=60, data_dir=str(TEAM)))
+    names = [task.metadata["pool_name"] for task in evaluation.tasks]
+    assert names[:3] == ["open", "closed", "random-0"] and set(names) == set(zeroeval_heldout_pools(config))
+    closed = build_world(ZeroEvalWorldConfig(split="test", pools="closed", limit_per_task=5, data_dir=str(TEAM)))
+    assert len(closed.pool) == 9 and {pools.offered_pool(t) for t in closed.tasks} == {tuple(range(9))}
+    # Slot 0 of the closed pool is o1-mini: its recorded reply, at its price.
+    reply = closed.pool[0].reply(closed.tasks[0])
+    assert reply.cost_usd > 0 and reply.text
