@@ -17,6 +17,7 @@ import random
 from typing import Literal, Mapping, Sequence, get_args
 
 from conductor.loop_environment import TokenizedConductorEnv, completion_ids, worker_id_tokens
+from env.pools import offered_pool_size
 from env.policies import DEFAULT_TEMPLATES, TEMPLATES, random_template
 from env.workflow import Workflow
 from rl.loop import question_order
@@ -127,6 +128,7 @@ def template_examples(
     rounds = environment.env.config.recursion_rounds
     labels = task_label_indices(environment) if probe else None
     if config.all_routes:
+        _check_whole_pools(environment, "--warm_start_all_routes")
         if rounds:
             raise ValueError(
                 "--warm_start_all_routes writes first-round workflows only; it does not combine with recursion"
@@ -142,12 +144,14 @@ def template_examples(
     examples, earlier_rounds, targets = [], [], []
     for _ in range(count):
         question = rng.randrange(environment.num_questions)
-        workflow = with_reasoning(random_template(pool_size, rng, config.templates), environment, question, config)
+        # A question offering a pool of its own (`env.pools`) names its workers alone.
+        offered = offered_pool_size(environment.tasks[question], pool_size)
+        workflow = with_reasoning(random_template(offered, rng, config.templates), environment, question, config)
         ids = completion_ids(environment, workflow)
         if rounds and rng.randrange(rounds + 1):
             kept = rng.random() < 0.5
             target = Workflow(steps=()) if kept else with_reasoning(
-                random_template(pool_size, rng, config.templates), environment, question, config
+                random_template(offered, rng, config.templates), environment, question, config
             )
             earlier_rounds.append((question, ids))
             targets.append(completion_ids(environment, target))
@@ -194,6 +198,7 @@ def world_examples(
     whole questions).
     """
     pool_size = len(environment.env.world.pool)
+    _check_whole_pools(environment, "the world teacher")
     labels = task_label_indices(environment) if probe else None
     question_labels = environment.question_labels if config.stratify_questions else None
     questions, completions = [], []
@@ -215,6 +220,13 @@ def world_examples(
         dataclasses.replace(make_example(environment, question, ids, labels), weight=weight)
         for question, ids, weight in zip(questions, completions, weights)
     ]
+
+
+def _check_whole_pools(environment: TokenizedConductorEnv, teacher: str) -> None:
+    """Refuses questions offering fewer workers than the pool: `teacher` writes a route to every worker."""
+    pool_size = len(environment.env.world.pool)
+    if any(offered_pool_size(task, pool_size) != pool_size for task in environment.tasks):
+        raise ValueError(f"{teacher} routes to every worker of the pool; some questions offer fewer (env.pools)")
 
 
 def every_final_worker(workflow: Workflow, pool_size: int) -> list[Workflow]:
