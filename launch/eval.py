@@ -18,7 +18,6 @@ from conductor.host_memory import retain_freed_memory
 # (conductor/host_memory.py).
 retain_freed_memory(restart=__name__ == "__main__")
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -45,11 +44,6 @@ _METHODS = flags.DEFINE_list(
     f"What to evaluate: 'conductor' (--conductor) and any of {', '.join(BASELINES)}.",
 )
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Passes over the questions; accuracy standard errors are over these.")
-_CONDUCTOR_TEMPERATURE = flags.DEFINE_float(
-    "conductor_temperature", 0.0,
-    "Sampling temperature of the evaluated Conductor. The default 0 is greedy decoding: how a trained Conductor is "
-    "evaluated, and what launch.serve tries first.",
-)
 
 
 def orchestration_table(figures: dict[str, dict[str, Any]]) -> str:
@@ -83,8 +77,8 @@ def main(argv: list[str]) -> None:
         share_gpu_with_torch_generator(generation)  # before JAX's first computation
         _, tokenizer, model_dir = load_conductor(conductor_flags.from_flags(), out_dir / "conductor")
         generator, _ = build_generator(generation, model_dir, out_dir)
-        trained = sampling_flags.from_flags(trained_conductor=model_dir)
-        params = dataclasses.replace(trained, temperature=_CONDUCTOR_TEMPERATURE.value)
+        # Greedy unless --temperature is given: how a trained Conductor is evaluated, and what launch.serve tries first.
+        params = sampling_flags.from_flags(trained_conductor=model_dir, default_temperature=0.0)
         try:
             outcomes = conductor_outcomes(generator, TokenizedConductorEnv(env, tokenizer), params, _REPEATS.value)
         finally:

@@ -37,6 +37,8 @@ RENAMED = {
     # Outside rl/ a question's label is its task (rl/ calls it a question label).
     "pool_routes_by_stratum": "pool_routes_by_task",
     "domain_decorrelation_coef": "task_decorrelation_coef",
+    # launch.eval evaluates at --temperature when it is given, greedily otherwise.
+    "conductor_temperature": "temperature",
 }
 
 

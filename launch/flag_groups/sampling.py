@@ -19,19 +19,22 @@ _FIELDS = {
 }
 
 
-def from_flags(trained_conductor: pathlib.Path | None = None) -> SamplingParams:
+def from_flags(
+    trained_conductor: pathlib.Path | None = None, default_temperature: float | None = None
+) -> SamplingParams:
     """The sampling flags; for a `trained_conductor` (the Conductor's directory), unless `--max_tokens`
     (`--temperature`) is on the command line, its completion limit (temperature) is the one it was trained with: a
     small Conductor whose greedy completion never stops would otherwise hold every batch for the flag's default 1024
     steps, and its format is reliable at the temperature it was trained at, not necessarily at the flag's default
-    1.0. Callers decode a trained Conductor greedily first (launch.eval, launch.serve); this temperature is for
-    samples."""
+    1.0. `default_temperature`, when given, replaces the temperature wherever `--temperature` is not on the command
+    line (launch.eval's 0: greedy). launch.serve decodes greedily first; this temperature is for its samples."""
     params = SamplingParams(**field_values(_FIELDS), seed=shared.SEED.value)
     trained = trained_sampling(trained_conductor) if trained_conductor is not None else None
-    if trained is None:
-        return params
-    if not _FIELDS["max_new_tokens"].present:
+    if trained is not None and not _FIELDS["max_new_tokens"].present:
         params = dataclasses.replace(params, max_new_tokens=int(trained["max_new_tokens"]))
-    if not _FIELDS["temperature"].present and "temperature" in trained:
-        params = dataclasses.replace(params, temperature=float(trained["temperature"]))
+    if not _FIELDS["temperature"].present:
+        if default_temperature is not None:
+            params = dataclasses.replace(params, temperature=default_temperature)
+        elif trained is not None and "temperature" in trained:
+            params = dataclasses.replace(params, temperature=float(trained["temperature"]))
     return params

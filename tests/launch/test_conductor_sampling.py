@@ -8,6 +8,7 @@ from absl import flags
 from absl.testing import flagsaver
 
 from conductor.model import save_trained_sampling
+from launch.flag_groups import renamed  # noqa: F401  (defines the old names)
 from launch.flag_groups import sampling as sampling_flags
 from rollout.types import SamplingParams
 
@@ -30,3 +31,16 @@ def test_the_trained_limit_and_temperature_apply_unless_given_on_the_command_lin
     assert (only_limit.max_new_tokens, only_limit.temperature) == (32, 0.7)
     assert (both.max_new_tokens, both.temperature) == (32, 0.5)
     assert not flags.FLAGS["max_tokens"].present  # flagsaver restored the command line
+
+
+def test_evaluation_decodes_greedily_unless_the_temperature_is_given_and_the_old_flag_is_refused(tmp_path):
+    save_trained_sampling(tmp_path, SamplingParams(temperature=0.7, max_new_tokens=64))
+    with flagsaver.flagsaver():
+        flags.FLAGS(["eval"])
+        greedy = sampling_flags.from_flags(trained_conductor=tmp_path, default_temperature=0.0)
+        flags.FLAGS(["eval", "--temperature=0.5"])
+        given = sampling_flags.from_flags(trained_conductor=tmp_path, default_temperature=0.0)
+        with pytest.raises(flags.IllegalFlagValueError, match="--conductor_temperature is renamed to --temperature"):
+            flags.FLAGS(["eval", "--conductor_temperature=0"])
+    assert (greedy.max_new_tokens, greedy.temperature) == (64, 0.0)
+    assert (given.max_new_tokens, given.temperature) == (64, 0.5)
