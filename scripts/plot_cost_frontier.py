@@ -1,6 +1,6 @@
 """Accuracy against cost per question: the Conductors of a `--usd_penalty` sweep beside the fixed policies.
 
-    python -m launch.eval --world=synthetic --synthetic_tasks=400 --max_steps=1 --reward_wrong=0 --expected_grades \
+    python -m launch.eval --world=synthetic --synthetic_tasks=400 --max_workflow_steps=1 --reward_wrong=0 --expected_grades \
         --synthetic_skills='0.9,0.9,0.9,0.9;0.85,0.3,0.3,0.3;0.3,0.8,0.3,0.3;0.3,0.3,0.7,0.3;0.3,0.3,0.3,0.6' \
         --synthetic_prices='15,75;0.15,0.6;0.15,0.6;0.15,0.6;0.15,0.6' --methods=single,random,oracle \
         --logdir=runs/cost_aware_fixed     # cost_aware.cfg's world flags (launch.eval has no training flags)

@@ -1,8 +1,8 @@
-"""The step-penalty ablation's figure: mean workflow steps, reward and accuracy per --step_penalty value.
+"""The step-penalty ablation's figure: mean workflow steps, reward and accuracy per --workflow_step_penalty value.
 
     python scripts/plot_step_penalty.py runs/compare_step_penalty docs/log/step_penalty.png
 
-Reads a `launch.compare --sweep=step_penalty=...` output directory (`<out>/step_penalty=<v>/seed=<s>/`, each a
+Reads a `launch.compare --sweep=workflow_step_penalty=...` output directory (`<out>/step_penalty=<v>/seed=<s>/`, each a
 launch.train logdir with metrics.jsonl; a run counts once compare has written its run_summary.json). Per value and
 seed: the last fifth of iterations' mean
 sampled steps (`rollout/steps`), reward (`reward/mean`) and accuracy (`rollout/correct`), and, where the run evaluated
@@ -33,7 +33,7 @@ from rl.metrics import first_and_last_fifth, read_metrics  # noqa: E402
 from sweeps import records  # noqa: E402
 from sweeps.grid import Run  # noqa: E402
 
-FLAG = "step_penalty"
+FLAG = "workflow_step_penalty"
 SAMPLED = {"steps": "rollout/steps", "reward": "reward/mean", "accuracy": "rollout/correct"}
 
 
@@ -92,9 +92,9 @@ def plot(values: dict[float, list[dict[str, float]]], path: pathlib.Path) -> Non
         axis.plot(penalties, means, style, color=colour, label=label)
         for p in penalties:
             axis.plot([p] * len(values[p]), [run[name] for run in values[p]], ".", color=colour, alpha=0.4)
-    steps_axis.set(xlabel="--step_penalty", ylabel="workflow steps", ylim=(0.8, 3.2))
+    steps_axis.set(xlabel="--workflow_step_penalty", ylabel="workflow steps", ylim=(0.8, 3.2))
     steps_axis.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
-    score_axis.set(xlabel="--step_penalty", ylabel="reward, accuracy")
+    score_axis.set(xlabel="--workflow_step_penalty", ylabel="reward, accuracy")
     for axis in (steps_axis, score_axis):
         axis.legend(fontsize=8)
         axis.grid(alpha=0.3)

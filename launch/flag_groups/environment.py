@@ -13,7 +13,7 @@ from env.workflow import AccessMode
 from launch.flag_groups import field_values, reward, shared, world
 
 _FIELDS = {
-    "max_steps": flags.DEFINE_integer("max_steps", 5, "Most steps a workflow may have."),
+    "max_steps": flags.DEFINE_integer("max_workflow_steps", 5, "Most steps a workflow may have."),
     "access_mode": flags.DEFINE_enum("access_mode", "binary", get_args(AccessMode), "Access-list format."),
     "recursion_rounds": flags.DEFINE_integer(
         "recursion_rounds", 0, "Extra Conductor rounds on the first round's result."

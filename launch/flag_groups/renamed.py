@@ -37,6 +37,9 @@ RENAMED = {
     # Outside rl/ a question's label is its task (rl/ calls it a question label).
     "pool_routes_by_stratum": "pool_routes_by_task",
     "domain_decorrelation_coef": "task_decorrelation_coef",
+    # "step" alone would read as an optimizer step (HF Trainer's --max_steps); these count a workflow's steps.
+    "max_steps": "max_workflow_steps",
+    "step_penalty": "workflow_step_penalty",
     # launch.eval evaluates at --temperature when it is given, greedily otherwise.
     "conductor_temperature": "temperature",
 }

@@ -513,7 +513,7 @@ def test_report_only_summarizes_finished_runs_from_the_command_line(tmp_path, fa
 def test_the_issues_sweeps_are_valid_for_launch_train_and_a_typo_is_not():
     train_flags = compare.train_flag_values()
     grid.check_sweep(grid.parse_sweep("estimator=grpo,dr_grpo,rloo,reinforce_pp,opo"), train_flags)
-    grid.check_sweep(grid.parse_sweep("step_penalty=0,0.05,0.1"), train_flags)
+    grid.check_sweep(grid.parse_sweep("workflow_step_penalty=0,0.05,0.1"), train_flags)
     grid.check_train_args(["--world=synthetic", "--iterations=2", "--noexpected_grades"], train_flags)
     with pytest.raises(ValueError, match="--estimator=ppo is not a valid value"):
         grid.check_sweep(grid.parse_sweep("estimator=grpo,ppo"), train_flags)

@@ -81,5 +81,5 @@ def test_the_replay_rl_flagfile_learns_every_route_from_rl_on_the_replay_recipes
         teacher = teacher_flags.from_flags()
         assert (flags.FLAGS["tasks"].value, flags.FLAGS["eval_tasks"].value) == recipe_files
         assert flags.FLAGS["warm_start_steps"].value > 0 and flags.FLAGS["iterations"].value > 0
-        assert flags.FLAGS["expected_grades"].value and flags.FLAGS["max_steps"].value == 1
+        assert flags.FLAGS["expected_grades"].value and flags.FLAGS["max_workflow_steps"].value == 1
     assert teacher.teacher == "templates" and teacher.templates == ("single",) and teacher.reasoning == "template"
