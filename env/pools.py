@@ -48,29 +48,25 @@ def offer(task: Task, pool: Sequence[int], name: str = "") -> Task:
 def random_pools(
     num_workers: int, sizes: tuple[int, int], count: int, seed: str, exclude: Sequence[Sequence[int]] = ()
 ) -> list[tuple[int, ...]]:
-    """`count` distinct pools, each of a size drawn uniformly from [sizes[0], sizes[1]] and then its workers uniformly
-    (sorted), none equal to a pool of `exclude`; drawn from `seed` (a string, so the draw is the same everywhere)."""
-    low, high = sizes
-    if not 1 <= low <= high <= num_workers:
-        raise ValueError(f"pool sizes must satisfy 1 <= {low} <= {high} <= {num_workers} workers")
-    excluded = {tuple(sorted(pool)) for pool in exclude}
+    """`count` distinct pools drawn as `draw_pool` draws them, none equal to a pool of `exclude`, from `seed` (a
+    string, so the draw is the same on every machine and process)."""
     rng, pools = random.Random(seed), []
-    for _ in range(100 * count + 1000):
-        if len(pools) == count:
-            return pools
-        pool = tuple(sorted(rng.sample(range(num_workers), rng.randint(low, high))))
-        if pool not in excluded and pool not in pools:
-            pools.append(pool)
-    raise ValueError(f"fewer than {count} pools of sizes {sizes} over {num_workers} workers avoid the excluded ones")
+    for _ in range(count):
+        pools.append(draw_pool(num_workers, sizes, rng, exclude=[*exclude, *pools]))
+    return pools
 
 
 def draw_pool(
     num_workers: int, sizes: tuple[int, int], rng: random.Random, exclude: Sequence[Sequence[int]] = ()
 ) -> tuple[int, ...]:
-    """One pool as `random_pools` draws them, from `rng`, not one of `exclude`."""
+    """A pool of a size drawn uniformly from [sizes[0], sizes[1]], then its workers uniformly (sorted), from `rng`;
+    drawn again while it equals a pool of `exclude`."""
+    low, high = sizes
+    if not 1 <= low <= high <= num_workers:
+        raise ValueError(f"pool sizes must satisfy 1 <= {low} <= {high} <= {num_workers} workers")
     excluded = {tuple(sorted(pool)) for pool in exclude}
     for _ in range(10_000):
-        pool = tuple(sorted(rng.sample(range(num_workers), rng.randint(*sizes))))
+        pool = tuple(sorted(rng.sample(range(num_workers), rng.randint(low, high))))
         if pool not in excluded:
             return pool
     raise ValueError(f"every pool of sizes {sizes} over {num_workers} workers is excluded")
