@@ -56,6 +56,14 @@ def random_pools(
     return pools
 
 
+def shuffled(pool: Sequence[int], rng: random.Random) -> tuple[int, ...]:
+    """`pool` in a random slot order: slot ids then say nothing of which worker sits there (a sorted pool would seat
+    the world's first workers at id 0, and a Conductor could learn "id 0" instead of reading the question)."""
+    order = list(pool)
+    rng.shuffle(order)
+    return tuple(order)
+
+
 def draw_pool(
     num_workers: int, sizes: tuple[int, int], rng: random.Random, exclude: Sequence[Sequence[int]] = ()
 ) -> tuple[int, ...]:
@@ -83,13 +91,13 @@ class OfferedSlot:
         self.slot = slot
         self.name = f"slot-{slot}"
         self.model = self.name
-        self._workers = tuple(workers)
+        self.workers = tuple(workers)  # the world's whole pool, which `offered_pool` indexes
 
     @property
     def cache_model(self) -> str:
         """Everything that changes this slot's answers, for the response cache: the question picks the worker, and
         the cache keys on the question too."""
-        workers = ", ".join(getattr(worker, "cache_model", worker.model) for worker in self._workers)
+        workers = ", ".join(getattr(worker, "cache_model", worker.model) for worker in self.workers)
         return f"{self.name} of [{workers}]"
 
     def worker(self, task: Task) -> Worker:
@@ -97,7 +105,7 @@ class OfferedSlot:
         pool = offered_pool(task)
         if self.slot >= len(pool):
             raise WorkerError(f"{self.name}: task {task.id} offers {len(pool)} workers")
-        return self._workers[pool[self.slot]]
+        return self.workers[pool[self.slot]]
 
     def reply(self, task: Task) -> WorkerReply:
         """The seated worker's recorded reply (`env.workers.recorded.RecordedWorker.reply`)."""

@@ -111,8 +111,10 @@ def test_pool_figures_give_each_pool_its_own_baselines_against_numpy():
     answers = [{"q0": "right", "q1": "right", "q2": "right", "q3": "right"},
                {"q0": "right", "q1": "right", "q2": "no", "q3": "no"}, dict.fromkeys(["q0", "q1", "q2", "q3"], "no")]
     workers = [_Recorded(f"m{m}", answers[m], cost) for m, cost in enumerate((3.0, 1.0, 0.5))]
+    # The mixed pool seats its two models in either order: its figures are the models', not the slots'.
     offered = [pools.offer(q, (1, 2), "cheap") for q in questions] + [
-        pools.offer(Task(f"{q.id}@x", q.task_label, q.question, q.gold, q.grader), (0, 1), "mixed") for q in questions
+        pools.offer(Task(f"{q.id}@x", q.task_label, q.question, q.gold, q.grader), order, "mixed")
+        for q, order in zip(questions, [(0, 1), (1, 0), (1, 0), (0, 1)])
     ]
     slots = [pools.OfferedSlot(slot, workers) for slot in range(2)]
     correct = [1.0, 1.0, 0.0, 0.0] + [1.0, 0.0, 1.0, 1.0]
@@ -120,9 +122,9 @@ def test_pool_figures_give_each_pool_its_own_baselines_against_numpy():
     figures = frontier.offered_pool_figures(offered, slots, correct, cost)
     assert figures["accuracy"] == np.mean(correct) and figures["cost_usd_per_question"] == np.mean(cost)
     cheap, mixed = figures["pools"]["cheap"], figures["pools"]["mixed"]
-    assert (cheap["models"], cheap["questions"], mixed["models"]) == ([1, 2], 4, [0, 1])
+    assert (cheap["models"], cheap["questions"], mixed["models"]) == (["m1", "m2"], 4, ["m0", "m1"])
     # cheap pool: a to m1 (2 right at 1), b: neither right, the cheaper m2: 2 of 4 at (1 + 1 + 0.5 + 0.5) / 4
-    assert cheap["baselines"]["per_task_best"] == {"route": "a: slot-0, b: slot-1", "accuracy": 0.5,
+    assert cheap["baselines"]["per_task_best"] == {"route": "a: m1, b: m2", "accuracy": 0.5,
                                                    "cost_usd_per_question": 0.75}
     assert cheap["to_per_task_best"] == 1.0
     # mixed pool: a to m1 (right, cheaper), b to m0: every question right; the method got 3 of 4
@@ -154,13 +156,18 @@ def test_zeroeval_training_questions_are_never_offered_a_held_out_pool_and_evalu
     offered = [pools.offered_pool(task) for task in train.tasks]
     assert len(train.pool) == 9 and not heldout & set(offered)
     assert {len(p) for p in offered} == set(range(3, 10)) and len(set(offered)) > 150
+    assert not heldout & {tuple(sorted(p)) for p in offered}
     first = train.tasks[0]
     assert first.question.startswith("Models offered: id 0 = M") and first.metadata["records"]
     evaluation = build_world(ZeroEvalWorldConfig(split="test", pools="heldout", limit_per_task=60, data_dir=str(TEAM)))
     names = [task.metadata["pool_name"] for task in evaluation.tasks]
     assert names[:3] == ["open", "closed", "random-0"] and set(names) == set(zeroeval_heldout_pools(config))
     closed = build_world(ZeroEvalWorldConfig(split="test", pools="closed", limit_per_task=5, data_dir=str(TEAM)))
-    assert len(closed.pool) == 9 and {pools.offered_pool(t) for t in closed.tasks} == {tuple(range(9))}
-    # Slot 0 of the closed pool is o1-mini: its recorded reply, at its price.
-    reply = closed.pool[0].reply(closed.tasks[0])
-    assert reply.cost_usd > 0 and reply.text
+    orders = [pools.offered_pool(t) for t in closed.tasks]
+    assert len(closed.pool) == 9 and {tuple(sorted(order)) for order in orders} == {tuple(range(9))}
+    # Slot ids say nothing of the model: each question seats the pool in its own order.
+    assert len(set(orders)) == len(orders) and len({order[0] for order in orders}) > 3
+    first = closed.tasks[0]
+    seated = orders[0][0]
+    assert first.question.startswith(f"Models offered: id 0 = M{seated}, ")
+    assert closed.pool[0].reply(first) == closed.pool[0].workers[seated].reply(first)
