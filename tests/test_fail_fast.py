@@ -16,7 +16,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 PASSING = "import time\n\ndef test_passes():\n    time.sleep(0.5)\n"
 CRASHING = "import ctypes\n\ndef test_segfaults():\n    ctypes.string_at(0)\n"
 # Blocked inside C, where a signal-based timeout never gets control.
-HANGING = "import ctypes\n\ndef test_hangs_in_c():\n    ctypes.CDLL(None).sleep(3600)\n"
+# A signal (the time limit's SIGUSR1) ends libc's sleep early, so it sleeps again: the test stays blocked in C until
+# it is killed, wherever the stack dump's signal lands.
+HANGING = "import ctypes\n\ndef test_hangs_in_c():\n    while True:\n        ctypes.CDLL(None).sleep(3600)\n"
 
 
 def run_pytest(directory: pathlib.Path, stuck_test: str, *options: str, time_limit: int | None = None):
