@@ -387,10 +387,8 @@ class Learner:
         # distinct rows per prompt block.
         self._shape_floors = {"rows": 0, "width": 0, "length": 0, "distinct": 1}
         # The zero-gradient step's program is compiled now: its input shapes never change, and the first mini-batch
-        # without a gradient can come at any iteration, where it would compile mid-run. Not over a mesh: XLA:CPU's
-        # compile of this test suite's 8-device programs crashed twice with it there (ci9, ci11; issue 61).
-        if mesh is None:
-            _zero_gradient_step.lower(self.params, self.opt_state, config=config).compile()
+        # without a gradient can come at any iteration, where it would compile mid-run.
+        _zero_gradient_step.lower(self.params, self.opt_state, config=config).compile()
 
     @property
     def params(self) -> nnx.State:

@@ -4,8 +4,9 @@ import pytest
 
 from conductor.host_memory import retain_freed_memory
 
-# Time limits with stacks (tests/fail_fast.py) and `--cpu-durations` (tests/cpu_durations.py).
-pytest_plugins = ["tests.fail_fast", "tests.cpu_durations"]
+# Time limits with stacks (tests/fail_fast.py), `--cpu-durations` (tests/cpu_durations.py) and a bound on memory maps
+# (tests/map_limit.py).
+pytest_plugins = ["tests.fail_fast", "tests.cpu_durations", "tests.map_limit"]
 
 # As the entry points do, before JAX and torch start their threads: XLA's freed buffers stay mapped between calls.
 retain_freed_memory()
@@ -39,10 +40,10 @@ def _compile_without_a_persistent_cache() -> None:
     """No persistent compilation cache for the test run, the xdist workers and the subprocesses they start.
 
     The suite once shared one cache directory between its processes. Workers then died of segfaults inside the
-    cache's two native calls, XLA:CPU's executable deserialisation (`get_executable_and_time`, 2026-11-29, before
-    the cache's file lock was on) and serialisation (`put_executable_and_time`, issue 61, with the lock on), each
-    under load and neither reproduced since (docs/log/2026-12-05-ci-that-cannot-hang.md). With no cache, neither call
-    is made. A user's own cache directory is not used either, so a run compiles from a cold start, as on CI."""
+    cache's two native calls, XLA:CPU's executable deserialisation (`get_executable_and_time`) and serialisation
+    (`put_executable_and_time`). The same crash came later with no cache, in XLA's compile, and its cause was found
+    there (issue 61; tests/map_limit.py): a worker at the kernel's limit on memory maps, where whatever maps next
+    fails; reading or writing an executable is likely one such call. The cache stays off: the suite's runs are cold, as on CI, and a user's own cache directory is not used."""
     os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
