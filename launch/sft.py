@@ -35,6 +35,7 @@ from conductor.loop_environment import TokenizedConductorEnv
 from conductor.model import load_conductor, save_trained_sampling
 from conductor.teachers import task_label_indices
 from conductor.warm_start import format_validity, warm_start
+from launch.flag_groups import compilation as compilation_flags
 from launch.flag_groups import conductor as conductor_flags
 from launch.flag_groups import console as console_flags
 from launch.flag_groups import distributed as distributed_flags
@@ -45,6 +46,7 @@ from launch.flag_groups import sampling as sampling_flags
 from launch.flag_groups import supervised as supervised_flags
 from launch.flag_groups import teacher as teacher_flags
 from models import hf_io
+from rl.compiles import use_persistent_cache
 
 _VALIDITY_SAMPLES = flags.DEFINE_integer(
     "warm_start_validity_samples", 32, "Samples drawn to measure format validity."
@@ -58,6 +60,7 @@ def main(argv: list[str]) -> None:
     console.configure(console_flags.LIBRARY_LOGS.value)
     processes = distributed_flags.from_flags()
     distributed.initialize(processes)
+    use_persistent_cache(compilation_flags.from_flags())  # before the first compile
     out = output_flags.logdir("runs/sft/conductor")  # the warm-started Conductor, an HF dir
     steps = supervised_flags.steps(default=100)
     generation = generator_flags.from_flags()

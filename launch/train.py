@@ -41,6 +41,7 @@ from conductor.outcomes import conductor_outcomes
 from conductor.report import summarize
 from conductor.teachers import task_label_indices
 from conductor.warm_start import warm_start
+from launch.flag_groups import compilation as compilation_flags
 from launch.flag_groups import conductor as conductor_flags
 from launch.flag_groups import console as console_flags
 from launch.flag_groups import distributed as distributed_flags
@@ -55,6 +56,7 @@ from launch.flag_groups import teacher as teacher_flags
 from models import hf_io
 from models.lora import save_peft_adapter
 from rl.checkpoint import Checkpointer
+from rl.compiles import use_persistent_cache
 from rl.learner import Learner
 from rl.loop import TrainingLoop
 from rl.metrics import MetricsWriter, first_and_last_fifth, read_metrics
@@ -104,6 +106,7 @@ def main(argv: list[str]) -> None:
     console.configure(console_flags.LIBRARY_LOGS.value)
     processes = distributed_flags.from_flags()
     distributed.initialize(processes)
+    use_persistent_cache(compilation_flags.from_flags())  # before the first compile
     log_dir = output_flags.logdir("runs/train")
     warm_start_steps = supervised_flags.steps(default=0)
     checkpoint_dir = pathlib.Path(_CHECKPOINT_DIR.value or log_dir / "checkpoints")

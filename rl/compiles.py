@@ -1,4 +1,4 @@
-"""How many XLA programs this process has built, counted from JAX's own compile event.
+"""How many XLA programs this process has built, counted from JAX's own compile event; JAX's persistent cache.
 
 JAX records `BACKEND_COMPILE_EVENT` (`jax.monitoring`) once for every program it hands to XLA: a `jax.jit` function at
 a new shape, dtype or static argument, and each eager operation at a new shape. A program loaded from the persistent
@@ -11,6 +11,7 @@ compiling after its first iterations (a new prompt or completion length, a new r
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 
 import jax
@@ -59,3 +60,36 @@ def totals() -> Compiles:
             jax.monitoring.register_event_listener(_on_event)
             _installed = True
         return _totals
+
+
+@dataclasses.dataclass(frozen=True)
+class PersistentCacheConfig:
+    """JAX's persistent compilation cache: programs a run compiles are written to `directory`, and a later run (or
+    another process of this one) loads them instead of compiling them again.
+
+    directory: where the entries go; "" turns the cache off.
+    max_bytes: past it, the least recently used entries are deleted. A size limit is also what makes JAX take a file
+      lock around each read and write, so that processes sharing the directory never read a half-written entry.
+    """
+
+    directory: str
+    max_bytes: int = 4 << 30
+
+    def __post_init__(self):
+        if self.max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, got {self.max_bytes}")
+
+
+def use_persistent_cache(config: PersistentCacheConfig) -> str | None:
+    """Turns the persistent cache on for this process, before its first compile; returns the directory it uses.
+
+    The user's own settings win: with `JAX_ENABLE_COMPILATION_CACHE=false` the cache stays off (None), and with
+    `JAX_COMPILATION_CACHE_DIR` set that directory is used. JAX's threshold stays as it is: only programs that took
+    `jax_persistent_cache_min_compile_time_secs` (1 s) or more to compile are written.
+    """
+    if not config.directory or not jax.config.jax_enable_compilation_cache:
+        return None
+    directory = os.environ.get("JAX_COMPILATION_CACHE_DIR") or config.directory
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_compilation_cache_max_size", config.max_bytes)
+    return directory

@@ -1,10 +1,16 @@
 """Counting XLA programs (`rl.compiles`): one per new shape, none for a shape already compiled, and the loop's
-`compile/programs` adds up to what the process compiled."""
+`compile/programs` adds up to what the process compiled; the persistent cache a later process loads them from."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from models.config import ModelConfig
@@ -61,3 +67,49 @@ def test_a_mini_batch_without_gradient_compiles_nothing_new_the_learner_compiled
     assert learner.update(_batch_with_silent_groups([[0, 1, 1, 0]] * 2 + [[1, 1, 1, 1], [0, 1, 1, 0]]))[
         "skipped_rows"] == 0.25
     assert (compiles.totals() - after_first).programs == 0
+
+
+# One process of a run: turns the cache on as the entry points do, compiles one program, prints what it counted.
+CACHED_PROGRAM = """
+import json, sys
+import jax, jax.numpy as jnp
+from rl import compiles
+directory = compiles.use_persistent_cache(compiles.PersistentCacheConfig(sys.argv[1]))
+start = compiles.totals()
+value = float(jax.jit(lambda x: jnp.tanh(x @ x.T).sum())(jnp.ones((32, 32))))
+counted = compiles.totals() - start
+print(json.dumps({"directory": directory, "value": value, "programs": counted.programs, "hits": counted.cache_hits}))
+"""
+
+
+def _compile_in_a_new_process(directory, **environment):
+    # JAX writes only programs that took a second to compile; this one takes milliseconds.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE") and
+           k != "JAX_ENABLE_COMPILATION_CACHE"}
+    env.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PLATFORMS="cpu", **environment)
+    result = subprocess.run([sys.executable, "-c", CACHED_PROGRAM, str(directory)], capture_output=True, text=True,
+                            env=env, timeout=300, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_loads_the_program_the_first_wrote_to_the_persistent_cache(tmp_path):
+    cold = _compile_in_a_new_process(tmp_path / "cache")
+    warm = _compile_in_a_new_process(tmp_path / "cache")
+    assert cold["directory"] == warm["directory"] == str(tmp_path / "cache")
+    assert cold["hits"] == 0 and warm["hits"] == warm["programs"] >= 1
+    assert warm["value"] == cold["value"] == pytest.approx(32 * 32 * np.tanh(32.0))
+    assert any(path.name.endswith("-cache") for path in (tmp_path / "cache").iterdir())
+
+
+def test_the_users_jax_settings_win_over_the_runs_cache_directory(tmp_path):
+    theirs = _compile_in_a_new_process(tmp_path / "ours", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "theirs"))
+    assert theirs["directory"] == str(tmp_path / "theirs") and any((tmp_path / "theirs").iterdir())
+    assert not (tmp_path / "ours").exists()
+    off = _compile_in_a_new_process(tmp_path / "off", JAX_ENABLE_COMPILATION_CACHE="false")
+    assert off["directory"] is None and not (tmp_path / "off").exists()
+
+
+def test_an_empty_directory_turns_the_cache_off_and_a_size_must_be_positive():
+    assert compiles.use_persistent_cache(compiles.PersistentCacheConfig("")) is None
+    with pytest.raises(ValueError, match="max_bytes must be positive"):
+        compiles.PersistentCacheConfig("/tmp/cache", max_bytes=0)
