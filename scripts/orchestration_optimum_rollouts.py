@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 
 from conductor.loop_environment import completion_text
 from env.orchestration import OrchestrationWorldConfig
@@ -29,6 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     world = build_world(OrchestrationWorldConfig(answer_model=ANSWER_MODEL, split="train"), REWARD, MAX_STEPS)
     tokenizer = load_tokenizer(zoo.smollm2_135m_instruct_tokenizer())  # the tiny Conductor's
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # runs/ in a fresh clone
     with open(args.out, "w", encoding="utf-8") as out:
         for question, task in enumerate(world.tasks):
             text = completion_text(world.orchestration.per_question(task).workflow, "binary")
