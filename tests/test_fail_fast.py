@@ -59,6 +59,10 @@ def test_a_run_past_the_ci_time_limit_dumps_every_process_stack_and_is_killed(tm
     leaves the workers time to start on a loaded machine."""
     result, seconds, output = run_pytest(tmp_path, HANGING, "-o", "test_time_limit=0", time_limit=20)
     assert result.returncode in (124, 137), output
-    assert "in test_hangs_in_c" in output, output
+    # Every process writes its stacks into the one pipe at once, and faulthandler writes a frame's line in pieces
+    # (the file name, the line number, the function name), so the pieces of two processes interleave: ci13 printed
+    # "test_a_stuck.py", line 5" and "test_hangs_in_c" with another thread's header between them. Each piece is one
+    # write, so the names themselves arrive whole.
+    assert "test_a_stuck.py" in output and "test_hangs_in_c" in output, output
     assert "was still running after 20 s" in output, output
     assert seconds < 20 + 30 + 20, output
