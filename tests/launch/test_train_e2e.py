@@ -60,9 +60,10 @@ def train_command(logdir: pathlib.Path, iterations: int, *extra_flags: str) -> l
     ]
 
 
-def train(logdir: pathlib.Path, iterations: int, *extra_flags: str) -> subprocess.CompletedProcess:
+def train(logdir: pathlib.Path, iterations: int, *extra_flags: str, env=None) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        train_command(logdir, iterations, *extra_flags), cwd=REPO, capture_output=True, text=True, timeout=1200
+        train_command(logdir, iterations, *extra_flags), cwd=REPO, capture_output=True, text=True, timeout=1200,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return result
@@ -92,11 +93,11 @@ def tensorboard_steps(logdir: pathlib.Path, tag: str) -> list[int]:
 EVALUATE_WARM_START_AND_FINAL = ("--eval_tasks=synthetic", "--eval_warm_start")
 
 
-def start_and_kill_after(logdir: pathlib.Path, iteration: int, *extra_flags: str) -> None:
+def start_and_kill_after(logdir: pathlib.Path, iteration: int, *extra_flags: str, env=None) -> None:
     """Starts a run of 10 iterations and kills it (SIGKILL, the whole process group) once `iteration` is logged."""
     process = subprocess.Popen(
         train_command(logdir, 10, *extra_flags), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        start_new_session=True, env=env,
     )
     deadline = time.monotonic() + 900
     while not any(r["step"] == iteration for r in metric_records(logdir)):
@@ -109,10 +110,15 @@ def start_and_kill_after(logdir: pathlib.Path, iteration: int, *extra_flags: str
 
 def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_path):
     """One run of 10 iterations, killed -9 after iteration 3 (past checkpoint 2, before checkpoint 4), then rerun
-    with `--iterations=12`: a user's run as it learns, dies and is continued further, in one warm-start's time."""
-    logdir = tmp_path / "run"
-    start_and_kill_after(logdir, 3, *EVALUATE_WARM_START_AND_FINAL)
-    first = train(logdir, 12, *EVALUATE_WARM_START_AND_FINAL)
+    with `--iterations=12`: a user's run as it learns, dies and is continued further, in one warm-start's time. As a
+    user's runs do, both use a persistent compilation cache, which the test session otherwise turns off; the rerun
+    loads the programs the killed run wrote to it."""
+    logdir, cache = tmp_path / "run", tmp_path / "jax_cache"
+    with_cache = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_COMPILATION_CACHE"}
+    with_cache["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # every program, however fast it compiles here
+    flags = (*EVALUATE_WARM_START_AND_FINAL, f"--compilation_cache_dir={cache}")
+    start_and_kill_after(logdir, 3, *flags, env=with_cache)
+    first = train(logdir, 12, *flags, env=with_cache)
     assert "resumed from checkpoint 2" in first.stderr
     assert "warm-start greedy average" not in first.stderr, "the killed run already evaluated its warm-start"
 
@@ -128,6 +134,11 @@ def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_pa
     for name in ("learner/loss", "learner/grad_norm", "time/generate", "time/learn", "rollout/correct"):
         assert name in records[-1]
     assert tensorboard_steps(logdir, "reward/mean") == list(range(1, 13))
+    # The rerun's first iteration compiles the learner's step at the shapes the killed run compiled it at, and
+    # loads it (2 of its 4 programs when measured). Within one process, a program that a different jitted function
+    # compiled before comes from the cache too, so the killed run's own iterations have hits as well.
+    resumed = records[3]
+    assert any(cache.iterdir()) and 1 <= resumed["compile/cache_hits"] <= resumed["compile/programs"], resumed
     checkpoints = sorted(int(p.name) for p in (logdir / "checkpoints").iterdir() if p.name.isdigit())
     assert checkpoints[-1] == 12
     summary = json.loads(first.stdout.strip().splitlines()[-1])
