@@ -11,7 +11,6 @@ compiling after its first iterations (a new prompt or completion length, a new r
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 
 import jax
@@ -84,12 +83,12 @@ def use_persistent_cache(config: PersistentCacheConfig) -> str | None:
     """Turns the persistent cache on for this process, before its first compile; returns the directory it uses.
 
     The user's own settings win: with `JAX_ENABLE_COMPILATION_CACHE=false` the cache stays off (None), and with
-    `JAX_COMPILATION_CACHE_DIR` set that directory is used. JAX's threshold stays as it is: only programs that took
+    `JAX_COMPILATION_CACHE_DIR` (or `jax_compilation_cache_dir`) set that directory is used. JAX's threshold stays as it is: only programs that took
     `jax_persistent_cache_min_compile_time_secs` (1 s) or more to compile are written.
     """
     if not config.directory or not jax.config.jax_enable_compilation_cache:
         return None
-    directory = os.environ.get("JAX_COMPILATION_CACHE_DIR") or config.directory
+    directory = jax.config.jax_compilation_cache_dir or config.directory  # JAX read JAX_COMPILATION_CACHE_DIR
     jax.config.update("jax_compilation_cache_dir", directory)
     jax.config.update("jax_compilation_cache_max_size", config.max_bytes)
     return directory

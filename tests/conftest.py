@@ -43,7 +43,8 @@ def _compile_without_a_persistent_cache() -> None:
     cache's two native calls, XLA:CPU's executable deserialisation (`get_executable_and_time`) and serialisation
     (`put_executable_and_time`). The same crash came later with no cache, in XLA's compile, and its cause was found
     there (issue 61; tests/map_limit.py): a worker at the kernel's limit on memory maps, where whatever maps next
-    fails; reading or writing an executable is likely one such call. The cache stays off: the suite's runs are cold, as on CI, and a user's own cache directory is not used."""
+    fails; reading or writing an executable is likely one such call. The cache stays off: the suite's runs are cold,
+    as on CI, and a user's own cache directory is not used."""
     os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 

@@ -21,6 +21,7 @@ import sys
 
 import pytest
 
+_LIMIT = pytest.StashKey["int | None"]()
 _PEAK = pytest.StashKey[int]()
 _CLEARS = pytest.StashKey[int]()
 
@@ -47,13 +48,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_LIMIT] = max_map_count()
     config.stash[_PEAK] = 0
     config.stash[_CLEARS] = 0
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    limit = max_map_count()
+    limit = item.config.stash[_LIMIT]
     if limit is None or "jax" not in sys.modules:
         return
     count = map_count()
@@ -66,7 +68,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if config.stash.get(_PEAK, 0):
         print(
-            f"map_limit: peak {config.stash[_PEAK]} memory maps of {max_map_count()}, "
+            f"map_limit: peak {config.stash[_PEAK]} memory maps of {config.stash[_LIMIT]}, "
             f"JAX's caches cleared {config.stash[_CLEARS]} times",
             file=sys.__stderr__, flush=True,
         )
