@@ -25,11 +25,8 @@ from env.orchestration import build as build_orchestration
 from env.pools import OfferedSlot, draw_pool, offer, random_pools, shuffled
 from env.rewards import RewardConfig
 from env.tasks.base import Task
-from env.workers.anthropic_api import AnthropicWorker
 from env.workers.api import FREE, Price, RetryConfig
 from env.workers.base import Worker
-from env.workers.google_api import GoogleWorker
-from env.workers.openai_api import OpenAICompatibleWorker, OpenAIWorker
 from env.workers.recorded import TOKENIZERS, ZEROEVAL_PRICES, RecordedWorker, Tokenizer
 from env.workers.replay import ROUTERDC_MODELS, ReplayWorker
 from env.workers.simulated import AnswerModel, SimulatedWorker
@@ -444,6 +441,11 @@ def _local(config: LocalWorldConfig) -> World:
 
 
 def _paper(config: PaperWorldConfig) -> World:
+    # The providers' SDKs take seconds to import; every entry point starts without them unless a world calls them.
+    from env.workers.anthropic_api import AnthropicWorker
+    from env.workers.google_api import GoogleWorker
+    from env.workers.openai_api import OpenAICompatibleWorker, OpenAIWorker
+
     def open_model(name: str, model: str, enable_thinking: bool | None = None) -> OpenAICompatibleWorker:
         return OpenAICompatibleWorker(
             name=name,
