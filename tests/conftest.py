@@ -1,8 +1,14 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 
 from conductor.host_memory import retain_freed_memory
+
+# The directory of the cache the tests' subprocesses share (`_share_a_cache_between_the_runs_tests_start`).
+SUBPROCESS_CACHE = "CONDUCTOR_TESTS_JAX_CACHE"
+_CREATED_CACHE: str | None = None  # set in the process that created it, which deletes it
 
 # Time limits with stacks (tests/fail_fast.py), `--cpu-durations` (tests/cpu_durations.py) and a bound on memory maps
 # (tests/map_limit.py).
@@ -36,21 +42,43 @@ def _start_jax_with_unoptimised_codegen() -> None:
         os.environ["XLA_FLAGS"] = flags
 
 
-def _compile_without_a_persistent_cache() -> None:
-    """No persistent compilation cache for the test run, the xdist workers and the subprocesses they start.
+def _compile_in_process_without_a_persistent_cache() -> None:
+    """No persistent compilation cache in the test run's own processes (the master and the xdist workers).
 
     The suite once shared one cache directory between its processes. Workers then died of segfaults inside the
     cache's two native calls, XLA:CPU's executable deserialisation (`get_executable_and_time`) and serialisation
     (`put_executable_and_time`). The same crash came later with no cache, in XLA's compile, and its cause was found
     there (issue 61; tests/map_limit.py): a worker at the kernel's limit on memory maps, where whatever maps next
-    fails; reading or writing an executable is likely one such call. The cache stays off: the suite's runs are cold,
-    as on CI, and a user's own cache directory is not used."""
+    fails; reading or writing an executable is likely one such call. A worker compiles hundreds of programs, each
+    under a second (none would be written), so its runs stay cold, as on CI, and a user's own cache is not used."""
     os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 
-_compile_without_a_persistent_cache()
+def _share_a_cache_between_the_runs_tests_start() -> None:
+    """One persistent cache, new for each test run, for the programs the tests start (`launch.train`, `launch.compare`,
+    the multi-host pair): run after run, they compile the same programs with XLA's optimised codegen. JAX's threshold
+    stays: only programs that took a second or more to compile are written.
+
+    Set after this process's JAX has read its own settings, so only the subprocesses see it. The master creates the
+    directory, its xdist workers inherit the variable, and the master deletes it when the run ends. Processes far
+    below the map limit (a run starts, compiles a few dozen programs and ends) write and read it safely. A size bound
+    is what makes JAX's LRUCache take its file lock around each read and write (unbounded, a reader can load the half
+    written file of a concurrent writer), so it is set here for every subprocess, as `rl.compiles` sets it for the
+    entry points."""
+    global _CREATED_CACHE
+    directory = os.environ.get(SUBPROCESS_CACHE)
+    if not directory:
+        directory = _CREATED_CACHE = tempfile.mkdtemp(prefix="conductor-tests-jax-")
+        os.environ[SUBPROCESS_CACHE] = directory
+    os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "true"
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)
+
+
+_compile_in_process_without_a_persistent_cache()
 _start_jax_with_unoptimised_codegen()
+_share_a_cache_between_the_runs_tests_start()
 
 GIB = 1 << 30
 # A worker's process grows to 8 GiB over the suite (freed host memory stays mapped), and a training run it starts
@@ -64,6 +92,11 @@ def pytest_xdist_auto_num_workers(config):
     with open("/proc/meminfo", encoding="ascii") as meminfo:
         available_kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
     return max(1, min(cores, available_kib * 1024 // WORKER_MEMORY))
+
+
+def pytest_unconfigure(config):
+    if _CREATED_CACHE:
+        shutil.rmtree(_CREATED_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

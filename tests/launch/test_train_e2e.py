@@ -111,10 +111,11 @@ def start_and_kill_after(logdir: pathlib.Path, iteration: int, *extra_flags: str
 def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_path):
     """One run of 10 iterations, killed -9 after iteration 3 (past checkpoint 2, before checkpoint 4), then rerun
     with `--iterations=12`: a user's run as it learns, dies and is continued further, in one warm-start's time. As a
-    user's runs do, both use a persistent compilation cache, which the test session otherwise turns off; the rerun
-    loads the programs the killed run wrote to it."""
+    user's runs do, both use their own persistent compilation cache (`--compilation_cache_dir`), not the one the test
+    session gives its subprocesses; the rerun loads the programs the killed run wrote to it."""
     logdir, cache = tmp_path / "run", tmp_path / "jax_cache"
-    with_cache = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_COMPILATION_CACHE"}
+    session_cache = ("JAX_ENABLE_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR")
+    with_cache = {k: v for k, v in os.environ.items() if k not in session_cache}
     with_cache["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # every program, however fast it compiles here
     flags = (*EVALUATE_WARM_START_AND_FINAL, f"--compilation_cache_dir={cache}")
     start_and_kill_after(logdir, 3, *flags, env=with_cache)
