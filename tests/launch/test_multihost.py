@@ -56,10 +56,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start(logdir: pathlib.Path, iterations: int, *, processes: int, port: int | None = None) -> list[subprocess.Popen]:
+def start(logdir: pathlib.Path, iterations: int, *extra_flags: str, processes: int,
+          port: int | None = None) -> list[subprocess.Popen]:
     """`processes` train processes of one run, four fake CPU devices in all; each in its own session (the entry
     point may restart itself in place), its output in `<logdir>.process<p>.log`."""
-    command = [sys.executable, "-m", "launch.train", *FLAGS, f"--logdir={logdir}", f"--iterations={iterations}"]
+    command = [sys.executable, "-m", "launch.train", *FLAGS, f"--logdir={logdir}", f"--iterations={iterations}",
+               *extra_flags]
     environment = os.environ | {
         "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={4 // processes}"
     }
@@ -142,13 +144,19 @@ def test_two_processes_sample_and_train_the_first_iteration_as_one_process_with_
     assert (differences > 1e-6).mean() < 1e-3
 
 
-def test_a_killed_pair_stops_and_resumes_to_the_uninterrupted_pair(runs, tmp_path):
-    _, pair = runs
-    logdir = tmp_path / "killed"
+def cut_back_to_checkpoint_1(pair: pathlib.Path, logdir: pathlib.Path) -> pathlib.Path:
+    """A copy of the uninterrupted pair's logdir as it was when checkpoint 1 was written, but for iteration 2's logs,
+    which a run resumed from it must drop."""
     shutil.copytree(pair, logdir)
     shutil.rmtree(logdir / "checkpoints" / "2")
     shutil.rmtree(logdir / "conductor_final")
-    assert [r["step"] for r in records(logdir, "metrics.jsonl")] == [1, 2]  # the restart must drop iteration 2's
+    assert [r["step"] for r in records(logdir, "metrics.jsonl")] == [1, 2]
+    return logdir
+
+
+def test_a_killed_pair_stops_and_resumes_to_the_uninterrupted_pair(runs, tmp_path):
+    _, pair = runs
+    logdir = cut_back_to_checkpoint_1(pair, tmp_path / "killed")
     processes = start(logdir, 2, processes=2, port=free_port())
     deadline = time.monotonic() + 1800
     while "resumed from checkpoint 1" not in output(logdir, 0):
@@ -174,3 +182,25 @@ def test_a_killed_pair_stops_and_resumes_to_the_uninterrupted_pair(runs, tmp_pat
     assert resumed.keys() == uninterrupted.keys()
     for name in resumed:
         np.testing.assert_array_equal(resumed[name], uninterrupted[name], err_msg=name)
+
+
+def test_a_pair_trains_with_the_asynchronous_pipeline(runs, tmp_path):
+    """`--max_staleness=1` over two processes, from the uninterrupted pair's checkpoint 1 (no warm-start to pay for):
+    each process's producer samples its half of the next round while the learners update, and every iteration trains
+    all 32 rows, gathered from both processes. The producer samples the rounds of iterations 2 and 3 as soon as it
+    starts, both under policy version 1, so iteration 2 trains fresh rows and iteration 3 rows one version stale."""
+    _, pair = runs
+    logdir = cut_back_to_checkpoint_1(pair, tmp_path / "async")
+    finish(start(logdir, 3, "--max_staleness=1", processes=2, port=free_port()), logdir)
+    assert output(logdir, 0).count("resumed from checkpoint 1") == 1
+    metrics = records(logdir, "metrics.jsonl")
+    assert [r["step"] for r in metrics] == [1, 2, 3] and metrics[0] == records(pair, "metrics.jsonl")[0]
+    for record in metrics[1:]:
+        assert record["async/staleness_0"] + record["async/staleness_1"] == 32, record
+        assert record["async/rows_dropped"] == 0 and 0 <= record["async/learner_idle_share"] <= 1, record
+    assert metrics[1]["async/staleness_0"] == 32 and metrics[2]["async/staleness_1"] == 32
+    versions = {}
+    for rollout in records(logdir, "rollouts.jsonl"):
+        versions.setdefault(rollout["step"], set()).add(rollout.get("policy_version"))
+    assert versions[2] == versions[3] == {1}, versions
+    assert metrics[2]["policy_version"] == 3.0 and (logdir / "checkpoints" / "3").is_dir()
