@@ -39,8 +39,8 @@ def _padded_limits(values: Sequence[float]) -> tuple[float, float]:
 def plot(summary: Mapping[str, Any], curves: Mapping[str, Sequence[np.ndarray]], path: pathlib.Path,
          window: int) -> None:
     """Top: one panel per value, its mean curve over seeds with the 95% band, the other values' means in grey behind.
-    Bottom: each seed's greedy score and last fifth (dots) with the mean and 95% interval (bar) per value. The axes
-    span the seeds' own figures: a band or bar that leaves them is wider than anything the seeds showed."""
+    Bottom: each seed's greedy score, last fifth and area (dots) with the mean and 95% interval (bar) per value. The
+    axes span the seeds' own figures: a band or bar that leaves them is wider than anything the seeds showed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,13 +50,14 @@ def plot(summary: Mapping[str, Any], curves: Mapping[str, Sequence[np.ndarray]],
     columns = min(len(values), 5)
     rows = -(-len(values) // columns)
     figure = pyplot.figure(figsize=(max(3.0 * columns, 9.0), 2.6 * rows + 3.2))
-    grid = figure.add_gridspec(rows + 1, 2 * columns)
+    grid = figure.add_gridspec(rows + 1, len(FIGURES) * columns)
     bands = {value: curve_band(runs, window) for value, runs in curves.items() if runs}
     smoothed = [moving_average(curve, window) for runs in curves.values() for curve in runs]
     curve_limits = _padded_limits(np.concatenate(smoothed)) if smoothed else (0.0, 1.0)
     first_axis = None
     for index, value in enumerate(values):
-        axis = figure.add_subplot(grid[index // columns, 2 * (index % columns):2 * (index % columns) + 2],
+        width = len(FIGURES)
+        axis = figure.add_subplot(grid[index // columns, width * (index % columns):width * (index % columns + 1)],
                                   sharex=first_axis, sharey=first_axis)
         first_axis = first_axis or axis
         for other, (mean, _) in bands.items():
@@ -77,7 +78,8 @@ def plot(summary: Mapping[str, Any], curves: Mapping[str, Sequence[np.ndarray]],
             axis.set_xlabel("iteration", fontsize=8)
     if first_axis is not None:
         first_axis.set_ylim(*curve_limits)
-    labels = (f"greedy score ({summary['score']})", f"{summary['metric']}, last fifth")
+    labels = (f"greedy score ({summary['score']})", f"{summary['metric']}, last fifth",
+              f"{summary['metric']}, mean over iterations")
     for panel, (figure_name, label) in enumerate(zip(FIGURES, labels)):
         axis = figure.add_subplot(grid[rows, panel * columns:(panel + 1) * columns])
         points_seen = []

@@ -1,5 +1,6 @@
 """What a sweep's finished runs show, per value over seeds: each figure's mean with its Student t interval, every
-pair of values' Welch and paired t-tests with Holm's adjustment (`summarize`), and the markdown table of it all."""
+pair of values' Welch and paired t-tests with Holm's adjustment and the seeds a test would need to find the
+difference the pair shows (`summarize`), and the markdown table of it all."""
 
 from __future__ import annotations
 
@@ -96,6 +97,44 @@ def paired_test(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     return {"difference": mean, "t": float(t), "df": float(df), "p": float(2 * stats.t.sf(abs(t), df)), "note": None}
 
 
+def seeds_for_power(effect_size: float, alpha: float, power: float = 0.8, limit: int = 10_000) -> int | None:
+    """Seeds per value a two-sided two-sample t-test at level `alpha` needs to find a standardised difference
+    `effect_size` (Cohen's d: difference of the means over the pooled standard deviation) with probability `power`:
+    the smallest n >= 2 with P(|T| > t(1 - alpha/2, 2n - 2)) >= power, T noncentral t with 2n - 2 degrees of freedom
+    and noncentrality d * sqrt(n / 2). None where d is 0 or n would pass `limit`."""
+    from scipy import stats
+
+    if not 0 < alpha < 1 or not 0 < power < 1:
+        raise ValueError(f"alpha and power must be in (0, 1), got {alpha} and {power}")
+    d = abs(effect_size)
+    if not np.isfinite(d) or d == 0:
+        return None
+
+    def achieved(n: int) -> float:
+        df, shift = 2 * n - 2, d * np.sqrt(n / 2)
+        critical = stats.t.ppf(1 - alpha / 2, df)
+        return float(stats.nct.sf(critical, df, shift) + stats.nct.cdf(-critical, df, shift))
+
+    low, high = 2, 2
+    while achieved(high) < power:  # doubling, then bisection: power rises with n
+        low, high = high, 2 * high
+        if high > 2 * limit:
+            return None
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if achieved(middle) < power else (low, middle)
+    return high if high <= limit else None
+
+
+def pooled_effect_size(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Cohen's d of two groups: (mean(a) - mean(b)) / the pooled sample standard deviation. None with fewer than two
+    values in a group or no spread in either."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    pooled = ((len(a) - 1) * _sample_variance(a) + (len(b) - 1) * _sample_variance(b)) / (len(a) + len(b) - 2)
+    return None if pooled == 0 else float((np.mean(a) - np.mean(b)) / np.sqrt(pooled))
+
+
 def read_curve(logdir: pathlib.Path, metric: str) -> np.ndarray:
     """The metric per iteration, in step order, from a run's metrics.jsonl."""
     records = read_metrics(logdir)
@@ -117,15 +156,17 @@ def summary_value(summary: Mapping[str, Any], dotted_key: str) -> float | None:
 
 
 def seed_figures(run: Run, score: str, metric: str) -> dict[str, Any]:
-    """A finished run's figures: the greedy score, the first and last fifth of the metric, its iterations."""
+    """A finished run's figures: the greedy score, the first and last fifth of the metric, the area under its curve
+    (its mean over the iterations: how fast a run got there as well as where), its iterations."""
     recorded = run_record(run)
     curve = read_curve(run.logdir, metric)
     first, last = first_and_last_fifth(curve)
     return {"score": summary_value(recorded["train_summary"], score), "first_fifth": first, "last_fifth": last,
-            "iterations": len(curve), "wall_s": recorded["wall_s"]}
+            "area": float(np.nanmean(curve)), "iterations": len(curve), "wall_s": recorded["wall_s"]}
 
 
-FIGURES = ("score", "last_fifth")
+FIGURES = ("score", "last_fifth", "area")
+POWER = 0.8
 
 
 def summarize(sweep: Sweep, runs: Sequence[Run], score: str, metric: str, alpha: float) -> dict[str, Any]:
@@ -153,16 +194,22 @@ def summarize(sweep: Sweep, runs: Sequence[Run], score: str, metric: str, alpha:
 
 
 def pair_tests(names: Sequence[str], values: Mapping[str, Any], figure: str, alpha: float) -> list[dict[str, Any]]:
-    """Every pair of values' Welch test (the primary one) and paired test of `figure`, Holm-adjusted per test."""
+    """Every pair of values' Welch test (the primary one) and paired test of `figure`, Holm-adjusted per test; and
+    the pair's effect size (`pooled_effect_size`) with the seeds per value a t-test at alpha / pairs would need to
+    find it with probability `POWER`, were it the true one (`seeds_for_power`)."""
     tests = []
-    for a, b in itertools.combinations(names, 2):
+    pairs = list(itertools.combinations(names, 2))
+    for a, b in pairs:
         seeds_a, seeds_b = ({seed: f[figure] for seed, f in values[v]["seeds"].items() if f[figure] is not None}
                             for v in (a, b))
         shared = sorted(set(seeds_a) & set(seeds_b))
+        d = pooled_effect_size(list(seeds_a.values()), list(seeds_b.values()))
         tests.append({
             "a": a, "b": b,
             "welch": welch_test(list(seeds_a.values()), list(seeds_b.values())),
             "paired": {**paired_test([seeds_a[s] for s in shared], [seeds_b[s] for s in shared]), "seeds": shared},
+            # at alpha / pairs, the level Holm's first step tests at
+            "effect_size": d, "seeds_for_power": None if d is None else seeds_for_power(d, alpha / len(pairs), POWER),
         })
     for kind in ("welch", "paired"):
         for test, adjusted in zip(tests, holm_adjusted([test[kind]["p"] for test in tests])):
@@ -200,15 +247,21 @@ def markdown_summary(summary: Mapping[str, Any]) -> str:
         lines.append(f"| {value} | {seeds} | {_interval_text(entry['score'])} | {_interval_text(first)} | "
                      f"{_interval_text(entry['last_fifth'])} |")
     lines += ["", f"Mean ± half-width of the {100 * summary['confidence']:.0f}% {summary['interval']}."]
-    for figure, title in (("score", "greedy score"), ("last_fifth", f"`{summary['metric']}` last fifth")):
-        lines += ["", f"| pair | Δ {title} | Welch p (Holm) | paired p (Holm) |", "|---|---|---|---|"]
+    titles = {"score": "greedy score", "last_fifth": f"`{summary['metric']}` last fifth",
+              "area": f"`{summary['metric']}` area (mean over iterations)"}
+    for figure, title in titles.items():
+        lines += ["", f"| pair | Δ {title} | Welch p (Holm) | paired p (Holm) | d | seeds for {POWER:.0%} power |",
+                  "|---|---|---|---|---|---|"]
         for test in summary["pairs"][figure]:
-            difference = test["welch"]["difference"]
+            difference, d, seeds = test["welch"]["difference"], test["effect_size"], test["seeds_for_power"]
             lines.append(f"| {test['a']} − {test['b']} | {'–' if difference is None else f'{difference:+.3f}'} | "
-                         f"{_p_text(test['welch'])} | {_p_text(test['paired'])} |")
+                         f"{_p_text(test['welch'])} | {_p_text(test['paired'])} | "
+                         f"{'–' if d is None else f'{d:+.2f}'} | {'–' if seeds is None else seeds} |")
     tests = summary["tests"]
     lines += ["", f"Δ: difference of the means. Welch: {tests['welch']}; paired: {tests['paired']} (runs of one seed "
                   f"share its world, warm start and draws until their policies part). p-values adjusted by "
                   f"{summary['adjustment']}; * significant at α = {summary['alpha']}. With a few seeds per value only "
-                  "large differences can be detected: a difference that is not significant is not shown to be zero."]
+                  "large differences can be detected: a difference that is not significant is not shown to be zero. "
+                  "d: Cohen's d (the difference over the pooled standard deviation); seeds for power: per value, for "
+                  "a two-sided t-test at α / pairs to find that d, were it the true one."]
     return "\n".join(lines) + "\n"

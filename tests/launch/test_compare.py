@@ -20,7 +20,7 @@ from absl import flags
 
 from launch import compare
 from sweeps import grid, plots, records, runner, stats
-from sweeps.stats import holm_adjusted, mean_interval, paired_test, welch_test
+from sweeps.stats import holm_adjusted, mean_interval, paired_test, pooled_effect_size, seeds_for_power, welch_test
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -385,6 +385,7 @@ def test_summary_gives_each_value_its_seeds_mean_interval_and_every_pair_a_test(
     assert grpo["score"] == pytest.approx(mean_interval([0.5, 0.55, 0.6]))
     assert grpo["last_fifth"] == pytest.approx(mean_interval([0.62, 0.63, 0.64]))
     assert grpo["seeds"][1]["first_fifth"] == pytest.approx(0.53) and grpo["unfinished_seeds"] == []
+    assert grpo["seeds"][2]["area"] == pytest.approx(0.5 + 0.02 + 0.02 * 3.5)  # the mean of steps 1-6
     pairs = summary["pairs"]["last_fifth"]
     assert [(p["a"], p["b"]) for p in pairs] == [("grpo", "rloo"), ("grpo", "opo"), ("rloo", "opo")]
     # Equal spreads, means 0.1 and 0.4 apart: all differ, and significantly after Holm's adjustment.
@@ -394,8 +395,30 @@ def test_summary_gives_each_value_its_seeds_mean_interval_and_every_pair_a_test(
     assert [p["welch"]["p_holm"] for p in pairs] == pytest.approx(holm_adjusted(raw))
     assert all(p["welch"]["significant"] for p in pairs)
     assert pairs[0]["welch"]["difference"] == pytest.approx(-0.1)
+    assert pairs[0]["effect_size"] == pytest.approx(-0.1 / 0.01)  # both spreads 0.01
+    assert pairs[0]["seeds_for_power"] == seeds_for_power(-10.0, 0.05 / 3, 0.8) == 2
     # Seed for seed the fake's values differ by a constant: no paired test, and the table says why.
     assert pairs[0]["paired"]["seeds"] == [0, 1, 2] and pairs[0]["paired"]["note"] == "the same difference in every pair"
+
+
+def test_seeds_for_power_match_cohens_table_and_a_simulated_t_test():
+    # Cohen (1988), Table 2.4.1, two-sided alpha 0.05, power 0.8: n = 64, 26, 17 per group for d = 0.5, 0.8, 1.0.
+    assert [seeds_for_power(d, 0.05, 0.8) for d in (0.5, 0.8, 1.0)] == [64, 26, 17]
+    assert seeds_for_power(-0.5, 0.05, 0.8) == 64 and seeds_for_power(0.5, 0.005, 0.8) > 64
+    from scipy import stats as scipy_stats
+
+    rng = np.random.default_rng(0)
+    simulated = {}
+    for n in (16, 17):  # d = 1: the smallest n whose power reaches 0.8 is 17
+        a, b = rng.normal(1.0, 1.0, (40_000, n)), rng.normal(0.0, 1.0, (40_000, n))
+        simulated[n] = float(np.mean(scipy_stats.ttest_ind(a, b, axis=1).pvalue < 0.05))
+    assert simulated[16] < 0.8 <= simulated[17], simulated
+    assert seeds_for_power(0.0, 0.05) is None and seeds_for_power(1e-4, 0.05, limit=1000) is None
+    for alpha, power in ((0.0, 0.8), (0.05, 1.0), (1.5, 0.8)):
+        with pytest.raises(ValueError, match="alpha and power"):
+            seeds_for_power(1.0, alpha, power)
+    assert pooled_effect_size([1.0, 2.0, 3.0], [0.0, 1.0, 2.0]) == pytest.approx(1.0)
+    assert pooled_effect_size([1.0], [0.0, 1.0]) is None and pooled_effect_size([1.0, 1.0], [2.0, 2.0]) is None
 
 
 def test_report_writes_the_table_the_png_and_names_missing_and_single_seed_values(tmp_path, fake_train):
