@@ -43,7 +43,7 @@ from rl import compiles, trajectories
 from rl.checkpoint import Checkpointer
 from rl.learner import Learner
 from rl.metrics import MetricsWriter
-from rl.pipeline import Pipeline, Round, round_seed
+from rl.pipeline import Group, Pipeline, Round, round_seed
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,10 @@ class LoopConfig:
     asynchronous pipeline (`rl.pipeline`): the next batches are sampled, executed and scored while the learner updates;
     a batch takes groups in the order their workflows finish; a group sampled more than K policy versions before the
     weights it would train is dropped, not trained (`async/rows_dropped`); the learner must take the sampler as the
-    behaviour policy (`TrainingLoop`). It needs one round per episode (`recursion_rounds` 0) and no backfill.
+    behaviour policy (`TrainingLoop`). It needs one round per episode (`recursion_rounds` 0). With "backfill" a batch
+    takes the groups whose rewards differ as they become ready, keeping the agreeing ones aside, until it holds
+    `questions_per_iteration` of them or has taken `max_sampling_rounds` x that many groups; then the agreeing ones
+    kept aside, earliest ready first, and past them any group, fill it. Each process fills its own share.
     """
 
     iterations: int
@@ -189,10 +192,10 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}")
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"LoopConfig.max_staleness must be an int >= 0, got {self.max_staleness!r}")
-        if self.max_staleness and (self.recursion_rounds or self.dynamic_sampling == "backfill"):
+        if self.max_staleness and self.recursion_rounds:
             raise ValueError(
-                "max_staleness >= 1 (the asynchronous pipeline) samples one round per episode and fills each batch "
-                "with the groups that finish first: it takes neither recursion_rounds nor dynamic_sampling='backfill'"
+                "max_staleness >= 1 (the asynchronous pipeline) samples one round per episode: it does not take "
+                "recursion_rounds"
             )
         if self.recursion_rounds < 0:
             raise ValueError(f"LoopConfig.recursion_rounds must be >= 0, got {self.recursion_rounds}")
@@ -418,15 +421,19 @@ class TrainingLoop:
             chosen = backfilled_groups(rewards_differ, config.questions_per_iteration)
             rounds = _regrouped(sampled, chosen, config.group_size, config.questions_per_iteration)
         self.data_position += config.questions_per_iteration * len(sampled)
-        return self._learn(rounds, times, started, sampled=sampled)
+        return self._learn(rounds, times, started,
+                           sampled_rewards=np.concatenate([_episode_rewards(s) for s in sampled]),
+                           oversampling=float(len(sampled)))
 
-    def _learn(self, rounds: list[_Sampled], times: dict[str, float], started: float,
-               sampled: list[list[_Sampled]] | None = None, *, sampled_by_current_weights: bool = True,
-               pipeline_scalars: Mapping[str, float] | None = None) -> dict[str, float]:
+    def _learn(self, rounds: list[_Sampled], times: dict[str, float], started: float, *,
+               sampled_rewards: np.ndarray | None = None, oversampling: float = 1.0,
+               sampled_by_current_weights: bool = True, pipeline_scalars: Mapping[str, float] | None = None,
+               ) -> dict[str, float]:
         """Trains on an iteration's rows (every process's, round by round), syncs the new weights, logs; returns the
         scalars it logged. `started` is when the iteration began (`time.perf_counter()`). `sampled_by_current_weights`
-        goes to `Learner.update`; `pipeline_scalars` (`async/*`) join the logged scalars. `sampled`: every sampling
-        round's rounds the batch was chosen from (backfill, `LoopConfig.dynamic_sampling`; None: `rounds` alone)."""
+        goes to `Learner.update`; `pipeline_scalars` (`async/*`) join the logged scalars. `sampled_rewards`: one per
+        episode the batch was chosen from (backfill, `LoopConfig.dynamic_sampling`; None: the batch's own), and
+        `oversampling` how many groups were taken per group of the batch."""
         config = self.config
         rows = [(s, i) for s in rounds for i in range(len(s.completions))]
         completions = [s.completions[i] for s, i in rows]
@@ -498,11 +505,12 @@ class TrainingLoop:
         self.iteration += 1
         times["iteration"] = time.perf_counter() - started
         trained = keep & (advantages != 0)
-        sampled_rewards = np.concatenate([_episode_rewards(s) for s in sampled or [rounds]])
+        if sampled_rewards is None:
+            sampled_rewards = episode_rewards
         scalars.update(
             self._rollout_scalars(rounds, sampled_rewards, advantages, trained, dropped_groups, times)
         )
-        scalars["dynamic_sampling/oversampling"] = float(len(sampled or [rounds]))
+        scalars["dynamic_sampling/oversampling"] = oversampling
         compiled_by_now = compiles.totals()
         compiled, self._compiles = compiled_by_now - self._compiles, compiled_by_now
         scalars.update({"compile/programs": float(compiled.programs), "compile/cache_hits": float(compiled.cache_hits),
@@ -702,14 +710,24 @@ class TrainingLoop:
         config = self.config
         started = time.perf_counter()
         share = config.questions_per_iteration // jax.process_count()
-        groups, dropped = [], 0
+        backfill = config.dynamic_sampling == "backfill"
+        limit = config.max_sampling_rounds * share  # groups a backfilled batch may take before it fills up
+        groups, agreeing, dropped, taken = [], [], 0, 0
         while len(groups) < share:
+            if backfill and taken >= limit and agreeing:
+                groups.append(agreeing.pop(0))
+                continue
             group = pipeline.next_group()
+            taken += 1
             if self.policy_version - group.policy_version > config.max_staleness:
                 dropped += 1
                 pipeline.release(1)
+            elif backfill and taken <= limit and not _group_rewards_differ(group):
+                agreeing.append(group)
             else:
                 groups.append(group)
+        left_out = [rollout.reward for group in agreeing for rollout in group.rollouts]
+        pipeline.release(len(agreeing))
         first_group = jax.process_index() * share
         first_row = first_group * config.group_size
         sampled = _Sampled(
@@ -721,7 +739,7 @@ class TrainingLoop:
             episodes=[first_row + i for i in range(share * config.group_size)],
         )
         staleness = [self.policy_version - g.policy_version for g in groups]
-        every = _from_every_process((staleness, dropped, [g.score_seconds for g in groups]))
+        every = _from_every_process((staleness, dropped, [g.score_seconds for g in groups], taken, left_out))
         rounds = _gathered([sampled])
         waited = time.perf_counter() - started
         self._learner_idle += waited
@@ -740,7 +758,10 @@ class TrainingLoop:
             "wait": waited,
         }
         self._generated = generated
+        left_out = np.asarray([reward for process in every for reward in process[4]], dtype=np.float64)
         result = self._learn(rounds, times, started, sampled_by_current_weights=not any(staleness),
+                             sampled_rewards=np.concatenate([_episode_rewards(rounds), left_out]),
+                             oversampling=sum(process[3] for process in every) / config.questions_per_iteration,
                              pipeline_scalars=scalars)
         pipeline.release(len(groups))
         return result
@@ -760,6 +781,12 @@ def _rewards_differ(rounds: list[_Sampled], group_size: int) -> np.ndarray:
     differ."""
     rewards = _episode_rewards(rounds).reshape(-1, group_size)
     return rewards.max(axis=1) != rewards.min(axis=1)
+
+
+def _group_rewards_differ(group: Group) -> bool:
+    """Whether a pipeline group's rewards differ (one round per episode, so its rollouts' rewards are its episodes')."""
+    rewards = [rollout.reward for rollout in group.rollouts]
+    return max(rewards) != min(rewards)
 
 
 def _regrouped(sampled: list[list[_Sampled]], chosen: list[tuple[int, int]], group_size: int, groups: int

@@ -29,8 +29,9 @@ _FIELDS = {
     ),
     "max_sampling_rounds": flags.DEFINE_integer(
         "max_sampling_rounds", 4,
-        "With --dynamic_sampling=backfill, the most times an iteration samples --questions_per_iteration questions; "
-        "past it, the earliest agreeing groups fill the batch, masked.",
+        "With --dynamic_sampling=backfill, the most times an iteration samples --questions_per_iteration questions "
+        "(with --max_staleness >= 1, takes that many groups from the pipeline); past it, the earliest agreeing groups "
+        "fill the batch, masked.",
         lower_bound=1,
     ),
     "checkpoint_every": flags.DEFINE_integer("checkpoint_every", 10, "Iterations between checkpoints."),

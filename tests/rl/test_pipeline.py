@@ -13,17 +13,18 @@ import json
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from rl.checkpoint import Checkpointer
 from rl.learner import LearnerConfig
-from rl.loop import LoopConfig, Rollout, TrainingLoop, question_order
+from rl.loop import LoopConfig, Rollout, TrainingLoop, backfilled_groups, question_order
 from rl.losses import LossConfig
 from rl.metrics import MetricsWriter
 from rl.pipeline import Pipeline, Round, round_seed
 from rollout.types import Completion, SamplingParams
 from tests.rl.helpers import RecordingLearner, SeededSampler
-from tests.rl.test_loop import ParityWorld, make_learner
+from tests.rl.test_loop import ParityWorld, SplitWorld, make_learner
 
 WAIT_S = 120.0  # a bound on waits (a learner compiling under load included): a hang fails the test, not the suite
 
@@ -351,6 +352,7 @@ def test_bad_max_staleness_settings_are_rejected():
             LoopConfig(iterations=1, max_staleness=bad)
     with pytest.raises(ValueError, match="recursion_rounds"):
         LoopConfig(iterations=1, max_staleness=1, recursion_rounds=1)
+    LoopConfig(iterations=1, max_staleness=1, dynamic_sampling="backfill")
 
     def loop(learner_config):
         learner = RecordingLearner(make_learner().model, learner_config)
@@ -380,3 +382,55 @@ def test_a_resumed_pipeline_samples_on_from_the_checkpoints_data_position(tmp_pa
     assert [seed for _, seed, _ in sampler.calls][:2] == [
         round_seed(0, saved["data_position"]), round_seed(0, saved["data_position"] + 2)
     ]
+
+
+class ReadyInOrderSplitWorld(SplitWorld):
+    """tests/rl/test_loop.py's SplitWorld scored as asyncio tasks that never wait, so the pipeline's groups become
+    ready in the order they were sampled."""
+
+    async def score_async(self, questions, completions, contexts, sample_ids):
+        return self.score(questions, completions, contexts, sample_ids)
+
+
+def pipelined_backfill(world, groups: int, max_rounds: int, iterations: int):
+    """A model of the batches a pipelined backfill builds from groups that become ready in sampling order and are
+    never stale: each iteration takes the stream's next groups until `groups` of them differ or it has taken
+    `groups * max_rounds`; its batch is the first differing ones, then the earliest agreeing ones
+    (`backfilled_groups`); the groups it takes but leaves out are gone. Per iteration: the batch's questions, whether
+    each group trains, the groups taken per batch group and the mean reward of every group taken."""
+    stream = np.asarray(question_order(world.num_questions, 0, 0, groups * max_rounds * iterations))
+    position, batches = 0, []
+    for _ in range(iterations):
+        window = stream[position : position + groups * max_rounds]
+        differ = np.asarray([q not in world.agreeing for q in window])
+        enough = np.flatnonzero(np.cumsum(differ) == groups)
+        taken = int(enough[0]) + 1 if enough.size else len(window)
+        chosen = [index for _, index in backfilled_groups([differ[:taken].tolist()], groups)]
+        batches.append((window[chosen], differ[chosen], taken / groups,
+                        float(np.where(differ[:taken], 0.5, 1.0).mean())))
+        position += taken
+    return batches
+
+
+def test_pipelined_backfill_builds_the_batches_its_model_predicts():
+    world, learner, sampler = ReadyInOrderSplitWorld(), sampler_learner(), VersionedSampler()
+    loop = TrainingLoop(
+        # Slots for far more groups than an iteration takes, so that none is ever stale.
+        LoopConfig(iterations=6, questions_per_iteration=2, group_size=4, length_buckets=(16,), max_staleness=20,
+                   dynamic_sampling="backfill", max_sampling_rounds=3, checkpoint_every=0),
+        learner=learner, sampler=sampler, sampling_params=SamplingParams(max_new_tokens=3),
+        weight_sync=lambda model, version: sampler.sync(model, version), environment=world, pad_id=0,
+    )
+    history = loop.run()
+    expected = pipelined_backfill(world, groups=2, max_rounds=3, iterations=6)
+    assert any(ratio == 3 for _, _, ratio, _ in expected) and any(ratio < 3 for _, _, ratio, _ in expected)
+    assert any(not trains.all() for _, trains, _, _ in expected), "the model should cover a batch filled up"
+    for batch, scalars, (questions, trains, oversampling, reward) in zip(learner.batches, history, expected,
+                                                                          strict=True):
+        assert batch.batch_size == 8, "the batch keeps its row count"
+        np.testing.assert_array_equal(np.asarray(batch.tokens)[::4, batch.completion_start - 1] - 3, questions)
+        np.testing.assert_array_equal(np.asarray(batch.loss_mask)[::4].any(axis=1), trains)
+        assert scalars["dynamic_sampling/oversampling"] == oversampling
+        assert scalars["dynamic_sampling/dropped_groups"] == (~trains).sum()
+        assert scalars["reward/mean"] == pytest.approx(reward), "every group taken, the ones left out too"
+        assert scalars["async/rows_dropped"] == 0
