@@ -425,14 +425,13 @@ class TrainingLoop:
                            sampled_rewards=np.concatenate([_episode_rewards(s) for s in sampled]),
                            oversampling=float(len(sampled)))
 
-    def _learn(self, rounds: list[_Sampled], times: dict[str, float], started: float, *,
-               sampled_rewards: np.ndarray | None = None, oversampling: float = 1.0,
-               sampled_by_current_weights: bool = True, pipeline_scalars: Mapping[str, float] | None = None,
-               ) -> dict[str, float]:
+    def _learn(self, rounds: list[_Sampled], times: dict[str, float], started: float, *, sampled_rewards: np.ndarray,
+               oversampling: float, sampled_by_current_weights: bool = True,
+               pipeline_scalars: Mapping[str, float] | None = None) -> dict[str, float]:
         """Trains on an iteration's rows (every process's, round by round), syncs the new weights, logs; returns the
         scalars it logged. `started` is when the iteration began (`time.perf_counter()`). `sampled_by_current_weights`
         goes to `Learner.update`; `pipeline_scalars` (`async/*`) join the logged scalars. `sampled_rewards`: one per
-        episode the batch was chosen from (backfill, `LoopConfig.dynamic_sampling`; None: the batch's own), and
+        episode the batch was chosen from (with backfill, `LoopConfig.dynamic_sampling`, the groups left out too), and
         `oversampling` how many groups were taken per group of the batch."""
         config = self.config
         rows = [(s, i) for s in rounds for i in range(len(s.completions))]
@@ -505,8 +504,6 @@ class TrainingLoop:
         self.iteration += 1
         times["iteration"] = time.perf_counter() - started
         trained = keep & (advantages != 0)
-        if sampled_rewards is None:
-            sampled_rewards = episode_rewards
         scalars.update(
             self._rollout_scalars(rounds, sampled_rewards, advantages, trained, dropped_groups, times)
         )
