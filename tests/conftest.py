@@ -49,8 +49,9 @@ def _compile_in_process_without_a_persistent_cache() -> None:
     cache's two native calls, XLA:CPU's executable deserialisation (`get_executable_and_time`) and serialisation
     (`put_executable_and_time`). The same crash came later with no cache, in XLA's compile, and its cause was found
     there (issue 61; tests/map_limit.py): a worker at the kernel's limit on memory maps, where whatever maps next
-    fails; reading or writing an executable is likely one such call. A worker compiles hundreds of programs, each
-    under a second (none would be written), so its runs stay cold, as on CI, and a user's own cache is not used."""
+    fails; reading or writing an executable is likely one such call. A worker compiles thousands of programs, most in
+    well under a second (JAX would write none of those), so its tests stay cold, as on CI, and a user's own cache is
+    not used."""
     os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
