@@ -314,7 +314,9 @@ def test_simulated_latencies_are_lognormal_around_the_median_and_fixed_by_the_ca
     worker = SimulatedWorker("api-like", {task.task_label: 1.0}, latency_s=0.002, latency_sigma=1.0)
     start = time.perf_counter()
     latencies = [r.latency_s for r in simulated_calls(worker, task, range(2000))]
-    assert time.perf_counter() - start < max(latencies) + 1.0  # concurrent calls: the slowest, not the sum
+    # Concurrent calls: nearer the slowest than the sum (6.6 s expected). A bound of the slowest + 1 s failed once,
+    # at 1.22 s, on a loaded CI host: 2,000 tasks' own overhead is not bounded by a latency.
+    assert time.perf_counter() - start < sum(latencies) / 2
     logs = [math.log(latency / 0.002) for latency in latencies]
     assert statistics.median(logs) == pytest.approx(0.0, abs=0.1)
     assert statistics.pstdev(logs) == pytest.approx(1.0, abs=0.05)
