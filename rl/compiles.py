@@ -83,8 +83,9 @@ def use_persistent_cache(config: PersistentCacheConfig) -> str | None:
     """Turns the persistent cache on for this process, before its first compile; returns the directory it uses.
 
     The user's own settings win: with `JAX_ENABLE_COMPILATION_CACHE=false` the cache stays off (None), and with
-    `JAX_COMPILATION_CACHE_DIR` (or `jax_compilation_cache_dir`) set that directory is used. JAX's threshold stays as it is: only programs that took
-    `jax_persistent_cache_min_compile_time_secs` (1 s) or more to compile are written.
+    `JAX_COMPILATION_CACHE_DIR` (or `jax_compilation_cache_dir`) set that directory is used. JAX's threshold stays
+    as it is: only programs that took `jax_persistent_cache_min_compile_time_secs` (1 s) or more to compile are
+    written.
     """
     if not config.directory or not jax.config.jax_enable_compilation_cache:
         return None

@@ -50,13 +50,13 @@ def plot(summary: Mapping[str, Any], curves: Mapping[str, Sequence[np.ndarray]],
     columns = min(len(values), 5)
     rows = -(-len(values) // columns)
     figure = pyplot.figure(figsize=(max(3.0 * columns, 9.0), 2.6 * rows + 3.2))
-    grid = figure.add_gridspec(rows + 1, len(FIGURES) * columns)
+    width = len(FIGURES)  # grid columns per value: the bottom row holds one panel per figure, `columns` wide each
+    grid = figure.add_gridspec(rows + 1, width * columns)
     bands = {value: curve_band(runs, window) for value, runs in curves.items() if runs}
     smoothed = [moving_average(curve, window) for runs in curves.values() for curve in runs]
     curve_limits = _padded_limits(np.concatenate(smoothed)) if smoothed else (0.0, 1.0)
     first_axis = None
     for index, value in enumerate(values):
-        width = len(FIGURES)
         axis = figure.add_subplot(grid[index // columns, width * (index % columns):width * (index % columns + 1)],
                                   sharex=first_axis, sharey=first_axis)
         first_axis = first_axis or axis
