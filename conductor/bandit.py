@@ -8,7 +8,7 @@ run with `--expected_grades`, the arm's exact expected reward. After the budget 
 arm of the highest mean reward seen in the question's context (ties: the lower arm, which has fewer steps). A
 context it never saw falls back to the statistics of every seen context of the same group, pooled by what each arm
 means outside its context (`arm_keys`: in the orchestration world the workflow over the workers themselves rather
-than over the pool's slots), restricted to arms the unseen context offers; with nothing to go on, arm 0.
+than over the pool's positions), restricted to arms the unseen context offers; with nothing to go on, arm 0.
 
 Two worlds supply problems: the orchestration world (context: task, difficulty and offered pool; arms: every
 candidate workflow; group: task and difficulty; trained on the training split, whose pools the validation and
@@ -27,6 +27,7 @@ import numpy as np
 from env import orchestration, pools
 from env.rewards import RewardConfig
 from env.tasks.base import Task
+from env.workflow import Workflow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +129,7 @@ def _best(stats: ArmStatistics) -> int:
 def orchestration_problem(
     reference: orchestration.OrchestrationReference, tasks: Sequence[Task], expected_grades: bool = False
 ) -> BanditProblem:
-    """Arms: the reference's candidate workflows over the slots; context: what the question shows. With
+    """Arms: the reference's candidate workflows over the pool's positions; context: what the question shows. With
     `expected_grades` (a run's `--expected_grades`) a pull sees the arm's exact expected reward, as that run's
     Conductor sees each sample's: the same kind of feedback, not only as much. Without, a drawn outcome's."""
     correct, wrong = reference.reward_config.correct, reference.reward_config.wrong
@@ -157,6 +158,15 @@ def orchestration_problem(
         arm_keys=arm_keys,
         group=lambda context: context[:2],  # type: ignore[index]
     )
+
+
+def orchestration_workflow(
+    reference: orchestration.OrchestrationReference, problem: BanditProblem,
+    statistics: dict[Hashable, ArmStatistics], task: Task,
+) -> Workflow:
+    """The bandit's workflow for an orchestration question, naming the model ids it offers (`env.pools.named`)."""
+    arm = choose(problem, statistics, orchestration.context(task))
+    return pools.named(reference.candidates[arm], pools.offered_pool(task))
 
 
 def replay_problem(tasks: Sequence[Task], models: Sequence[str], reward_config: RewardConfig) -> BanditProblem:

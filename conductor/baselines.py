@@ -84,9 +84,7 @@ def bandit_choice(env: ConductorEnv, budget: int, seed: int) -> WorkflowChoice |
         training = orchestration.load_tasks(dataclasses.replace(reference.config, split="train"))
         problem = bandit.orchestration_problem(reference, training, env.config.expected_grades)
         statistics = bandit.ucb1(problem, budget, seed)
-        return lambda task, repeat: reference.candidates[
-            bandit.choose(problem, statistics, orchestration.context(task))
-        ]
+        return lambda task, repeat: bandit.orchestration_workflow(reference, problem, statistics, task)
     if world.tasks and all("scores" in task.metadata for task in world.tasks):
         models = [getattr(worker, "model", worker.name) for worker in world.pool]
         problem = bandit.replay_problem(world.tasks, models, env.config.reward)

@@ -17,7 +17,7 @@ import random
 from typing import Literal, Mapping, Sequence, get_args
 
 from conductor.loop_environment import TokenizedConductorEnv, completion_ids, worker_id_tokens
-from env.pools import offered_pool_size
+from env.pools import named, offered_ids
 from env.policies import DEFAULT_TEMPLATES, TEMPLATES, random_template
 from env.workflow import Workflow
 from rl.loop import question_order
@@ -145,13 +145,13 @@ def template_examples(
     for _ in range(count):
         question = rng.randrange(environment.num_questions)
         # A question offering a pool of its own (`env.pools`) names its workers alone.
-        offered = offered_pool_size(environment.tasks[question], pool_size)
-        workflow = with_reasoning(random_template(offered, rng, config.templates), environment, question, config)
+        offered = offered_ids(environment.tasks[question], pool_size)
+        workflow = with_reasoning(_offered_template(offered, rng, config), environment, question, config)
         ids = completion_ids(environment, workflow)
         if rounds and rng.randrange(rounds + 1):
             kept = rng.random() < 0.5
             target = Workflow(steps=()) if kept else with_reasoning(
-                random_template(offered, rng, config.templates), environment, question, config
+                _offered_template(offered, rng, config), environment, question, config
             )
             earlier_rounds.append((question, ids))
             targets.append(completion_ids(environment, target))
@@ -222,10 +222,15 @@ def world_examples(
     ]
 
 
+def _offered_template(offered: tuple[int, ...], rng: random.Random, config: TeacherConfig) -> Workflow:
+    """A random template over the model ids `offered`."""
+    return named(random_template(len(offered), rng, config.templates), offered)
+
+
 def _check_whole_pools(environment: TokenizedConductorEnv, teacher: str) -> None:
     """Refuses questions offering fewer workers than the pool: `teacher` writes a route to every worker."""
     pool_size = len(environment.env.world.pool)
-    if any(offered_pool_size(task, pool_size) != pool_size for task in environment.tasks):
+    if any(len(offered_ids(task, pool_size)) != pool_size for task in environment.tasks):
         raise ValueError(f"{teacher} routes to every worker of the pool; some questions offer fewer (env.pools)")
 
 

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from conductor.loop_environment import TokenizedConductorEnv
 from conductor.teachers import TeacherConfig, teacher_examples
+from env.pools import offered_ids
 from env.prompts import CONDUCTOR_PREFIX
 from env.workflow import WorkflowFormatError, parse_workflow
 from rl.supervised import SFTConfig, SupervisedTrainer
@@ -22,14 +23,13 @@ def format_validity(generator: Any, environment: TokenizedConductorEnv, question
     """Fraction of `samples` completions (spread over `questions`) that parse as a workflow."""
     per_question = -(-samples // len(questions))
     groups = generator.generate([environment.prompt_ids(q) for q in questions], params, per_question)
-    texts = [environment.decode(c.completion_ids) for group in groups for c in group][:samples]
-    config = environment.env.config
+    texts = [(q, environment.decode(c.completion_ids)) for q, group in zip(questions, groups) for c in group][:samples]
+    config, world = environment.env.config, environment.env.world
     valid = 0
-    for text in texts:
+    for question, text in texts:
         try:
-            parse_workflow(
-                CONDUCTOR_PREFIX + text, len(environment.env.world.pool), config.max_steps, config.access_mode
-            )
+            parse_workflow(CONDUCTOR_PREFIX + text, offered_ids(environment.tasks[question], len(world.pool)),
+                           config.max_steps, config.access_mode)  # fmt: skip
             valid += 1
         except WorkflowFormatError:
             pass

@@ -152,10 +152,7 @@ def expected_grade(execution: Execution, task: Task, pool: Sequence[Worker]) -> 
     last = execution.steps[-1]
     if not last.ok:
         return None
-    worker = pool[last.worker]
-    # A slot of an offered pool (`env.pools.OfferedSlot`) answers as the worker the question seats there.
-    seated = getattr(worker, "worker", None)
-    p_right = getattr(seated(task) if callable(seated) else worker, "p_right", None)
+    p_right = getattr(pool[last.worker], "p_right", None)
     if p_right is None:
         return None
     return float(p_right(step_messages(task, execution.steps, last.visible, last.instruction), task))

@@ -190,25 +190,24 @@ def method_and_baselines(
 
 
 def offered_pool_figures(
-    tasks: Sequence[Task], slots: Sequence, correct: Sequence[float], cost_usd: Sequence[float], share: float = 0.95
+    tasks: Sequence[Task], pool: Sequence, correct: Sequence[float], cost_usd: Sequence[float], share: float = 0.95
 ) -> dict:
     """`method_and_baselines` for questions offered pools (`env.pools`), pool by pool: each pool's questions with the
-    exact baselines of its own models (`slots`: the world's `env.pools.OfferedSlot`s, which hold every model), and the
+    exact baselines of its own models (`pool`: the world's, which holds every model), and the
     method's accuracy as a fraction of that pool's per-task best (`to_per_task_best`). `pools_at_share` counts the
     pools where that fraction is at least `share`; `accuracy` and `cost_usd_per_question` are over every question."""
     if len(tasks) != len(correct):
         raise ValueError(f"{len(tasks)} questions but {len(correct)} answers")
     groups: dict[str, list[int]] = {}
     for index, task in enumerate(tasks):
-        members = sorted(offered_pool(task))
+        members = offered_pool(task)
         groups.setdefault(task.metadata.get("pool_name") or "-".join(map(str, members)), []).append(index)
     pools = {}
     for name, rows in groups.items():
-        members = sorted(offered_pool(tasks[rows[0]]))
-        if any(sorted(offered_pool(tasks[row])) != members for row in rows):
+        members = offered_pool(tasks[rows[0]])
+        if any(offered_pool(tasks[row]) != members for row in rows):
             raise ValueError(f"the questions of pool {name!r} are offered different pools")
-        # The pool's own models, whatever slot each question seats them in (`env.pools.shuffled`).
-        workers = [slots[0].workers[member] for member in members]
+        workers = [pool[member] for member in members]
         figures = method_and_baselines([tasks[row] for row in rows], workers,
                                        [correct[row] for row in rows], [cost_usd[row] for row in rows])
         best = figures["baselines"]["per_task_best"]["accuracy"]

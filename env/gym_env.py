@@ -21,7 +21,7 @@ import gymnasium
 
 from env import prompts
 from env.executor import Execution, ExecutorConfig, aclose_workers, execute_async, expected_grade
-from env.pools import offered_pool_size
+from env.pools import offered_ids
 from env.rewards import RewardConfig, reward
 from env.tasks import sandbox
 from env.tasks.base import Task
@@ -156,15 +156,15 @@ class ConductorEnv(gymnasium.Env):
 
     def observation(self, task: Task, previous: Scored | None = None) -> dict[str, Any]:
         """The Conductor prompt for `task`: the first round, or the recursion round after `previous`."""
-        pool_size, config = offered_pool_size(task, len(self.world.pool)), self.config
+        ids, config = offered_ids(task, len(self.world.pool)), self.config
         if previous is None:
-            messages = prompts.conductor_messages(task.question, pool_size, config.max_steps, config.access_mode)
+            messages = prompts.conductor_messages(task.question, ids, config.max_steps, config.access_mode)
         else:
             if previous.workflow is None or previous.execution is None:
                 raise ValueError("a recursion round needs a previous round with a valid workflow")
             messages = prompts.recursion_messages(
                 task.question,
-                pool_size,
+                ids,
                 config.max_steps,
                 # the lists only: the earlier round's free reasoning would double the prompt for little
                 render_workflow(Workflow(steps=previous.workflow.steps), config.access_mode),
@@ -199,7 +199,7 @@ class ConductorEnv(gymnasium.Env):
         try:
             workflow = parse_workflow(
                 prompts.CONDUCTOR_PREFIX + completion_text,
-                offered_pool_size(task, len(self.world.pool)),
+                offered_ids(task, len(self.world.pool)),
                 config.max_steps,
                 config.access_mode,
                 allow_empty=previous is not None,

@@ -1,15 +1,15 @@
 """The orchestration world (issue 64): the best workflow depends on the question and on the pool it is offered.
 
 Questions are the synthetic world's (`env.tasks.synthetic`: four task labels, graded by the normal graders), each
-given a difficulty and a pool of `pool_size` of the world's workers; the question text states all three, so a
-Conductor can read them:
+given a difficulty and a pool of `pool_size` of the world's workers. The question text states the first two, and the
+Conductor's prompt lists the offered model ids (`env.pools`: model id w is worker Ww in every pool), so a Conductor
+can read all three:
 
     Task domain: algebra. Difficulty: hard.
-    Models offered: id 0 = W3, id 1 = W0, id 2 = W5.
 
-The Conductor's pool is `pool_size` slots (`PoolSlot`); slot i answers as the question's i-th offered worker, a
-simulated worker whose skill depends on the task and the difficulty and who charges a fixed price per call (a
-fixed number of completion tokens at an output-only price, so the USD penalty of a workflow is exact). A step that
+Worker w (`DifficultyWorker`) is a simulated worker whose skill depends on the task and the difficulty and who
+charges a fixed price per call (a fixed number of completion tokens at an output-only price, so the USD penalty of a
+workflow is exact). A step that
 reads a right answer adopts it (`AnswerModel`, rule "adopt"), so a second step that reviews an answer, or an
 aggregator of parallel answers, raises the chance of a right final answer on hard questions and only costs calls
 on easy ones.
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from env.optimum import access_pattern, candidate_workflows, reward_table
-from env.pools import offered_pool
+from env.pools import named, offered_pool, positions
 from env.rewards import RewardConfig
 from env.tasks import synthetic
 from env.tasks.base import Task
@@ -154,7 +154,7 @@ def context(task: Task) -> tuple[str, str, tuple[int, ...]]:
 
 def load_tasks(config: OrchestrationWorldConfig) -> list[Task]:
     """The split's questions: tasks in turn, each task's difficulties in turn (every (task, difficulty) equally
-    often), each question offered a pool drawn uniformly from the split's pools, its workers in index order."""
+    often), each question offered a pool drawn uniformly from the split's pools."""
     split_index = SPLITS.index(config.split)
     base = synthetic.load_synthetic(config.questions, seed=1000 * config.split_seed + split_index)
     pools = pool_split(config)[config.split]
@@ -163,13 +163,11 @@ def load_tasks(config: OrchestrationWorldConfig) -> list[Task]:
     for index, question in enumerate(base):
         difficulty = DIFFICULTIES[(index // len(TASK_LABELS)) % len(DIFFICULTIES)]
         pool = rng.choice(pools)
-        offered = ", ".join(f"id {slot} = {config.workers[w].name}" for slot, w in enumerate(pool))
         tasks.append(
             Task(
                 id=f"orchestration/{config.split_seed}/{config.split}/{index}",
                 task_label=question.task_label,
-                question=f"Task domain: {question.task_label}. Difficulty: {difficulty}.\nModels offered: {offered}.\n\n"
-                f"{question.question}",
+                question=f"Task domain: {question.task_label}. Difficulty: {difficulty}.\n\n{question.question}",
                 gold=question.gold,
                 grader=question.grader,
                 metadata={**question.metadata, "difficulty": difficulty, "pool": pool},
@@ -178,57 +176,57 @@ def load_tasks(config: OrchestrationWorldConfig) -> list[Task]:
     return tasks
 
 
-class PoolSlot:
-    """Slot `slot` of the Conductor's pool: on each question, the worker offered there (`offered_pool`), a
-    `SimulatedWorker` with that worker's skill at the question's difficulty and its price per call."""
+class DifficultyWorker:
+    """Worker `index` of the world: on each question, a `SimulatedWorker` with that worker's skill at the question's
+    difficulty and its price per call."""
 
     backend = "simulated"
 
-    def __init__(self, slot: int, config: OrchestrationWorldConfig) -> None:
-        self.slot = slot
-        self.name = f"slot-{slot}"
-        self.model = self.name
+    def __init__(self, index: int, config: OrchestrationWorldConfig) -> None:
+        worker = config.workers[index]
+        self.index = index
+        self.name = worker.name
+        self.model = worker.name
         self._config = config
         tokens = config.completion_tokens
-        self._workers = {
-            (w, h): SimulatedWorker(
+        self._at = tuple(
+            SimulatedWorker(
                 worker.name,
                 {task_label: worker.skills[d][h] for d, task_label in enumerate(TASK_LABELS)},
                 completion_tokens=tokens,
                 price=Price(0.0, worker.price_per_call / tokens * 1e6),
                 answer_model=config.answer_model,
             )
-            for w, worker in enumerate(config.workers)
             for h in range(len(DIFFICULTIES))
-        }
+        )
 
     @property
     def cache_model(self) -> str:
-        """Everything that changes this slot's answers, for the response cache."""
-        return f"{self.name} [{self._config.workers}, {self._config.answer_model}, {self._config.completion_tokens}]"
+        """Everything that changes this worker's answers, for the response cache."""
+        return f"{self.name} [{self._config.workers[self.index]}, {self._config.answer_model}, " \
+               f"{self._config.completion_tokens}]"
 
-    def worker(self, task: Task) -> SimulatedWorker:
-        """The simulated worker this slot is on `task`."""
-        pool = offered_pool(task)
-        if not 0 <= self.slot < len(pool):
-            raise ValueError(f"task {task.id} offers {len(pool)} workers, no slot {self.slot}")
-        return self._workers[pool[self.slot], DIFFICULTIES.index(task.metadata["difficulty"])]
+    def at(self, task: Task) -> SimulatedWorker:
+        """This worker at `task`'s difficulty."""
+        if self.index not in offered_pool(task):
+            raise WorkerError(f"{self.name}: task {task.id} does not offer it")
+        return self._at[DIFFICULTIES.index(task.metadata["difficulty"])]
 
     def p_right(self, messages: Sequence[Message], task: Task) -> float:
-        return self.worker(task).p_right(messages, task)
+        return self.at(task).p_right(messages, task)
 
     async def complete(
         self, messages: Sequence[Message], *, max_tokens: int, temperature: float, seed: int | None,
         task: Task | None = None,
     ) -> WorkerReply:  # fmt: skip
         if task is None:
-            raise WorkerError(f"{self.name}: a pool slot needs the task to know which worker it is")
+            raise WorkerError(f"{self.name}: needs the task to know its difficulty")
         if max_tokens < self._config.completion_tokens:
             # fewer completion tokens would charge less than the price per call the exact optimum counts
             raise WorkerError(
                 f"{self.name}: max_tokens {max_tokens} < completion_tokens {self._config.completion_tokens}"
             )
-        return await self.worker(task).complete(
+        return await self.at(task).complete(
             messages, max_tokens=max_tokens, temperature=temperature, seed=seed, task=task
         )
 
@@ -242,8 +240,9 @@ class Choice:
 
 
 class OrchestrationReference:
-    """Exact expected rewards in the world: every candidate workflow (1 to `max_steps` steps over the slots, binary
-    access lists) in every (task, difficulty) context of every pool, and the three reference policies. The
+    """Exact expected rewards in the world: every candidate workflow (1 to `max_steps` steps over a pool's positions,
+    binary access lists) in every (task, difficulty) context of every pool, and the three reference policies, whose
+    workflows name model ids as a Conductor's do (`env.pools.named`). The
     policies choose for the population, where every (task, difficulty) is equally likely; figures on a question
     list average the exact reward of each question's choice."""
 
@@ -260,13 +259,13 @@ class OrchestrationReference:
 
     def table(self, pool: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """(p_correct, reward) of every candidate (columns) in every context (rows: task-major, then difficulty)
-        when the slots hold `pool` (in slot order)."""
+        of `pool` (sorted worker indices; a candidate's worker k is the pool's k-th)."""
         if pool not in self._tables:
             self._tables[pool] = self._table(self.candidates, pool)
         return self._tables[pool]
 
     def _table(self, workflows: Sequence[Workflow], pool: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        skills = self.config.skills()[list(pool)]  # [slot, task, difficulty]
+        skills = self.config.skills()[list(pool)]  # [position, task, difficulty]
         rows = skills.transpose(1, 2, 0).reshape(len(TASK_LABELS) * len(DIFFICULTIES), len(pool))
         costs = [self.config.workers[w].price_per_call for w in pool]
         return reward_table(workflows, rows, costs, self.config.answer_model, self.reward_config)
@@ -276,30 +275,35 @@ class OrchestrationReference:
         return TASK_LABELS.index(task.task_label) * len(DIFFICULTIES) + DIFFICULTIES.index(task.metadata["difficulty"])
 
     def expected_reward(self, task: Task, workflow: Workflow | None) -> float:
-        """The exact expected reward of `workflow` on `task`; None (a format error) earns the format-error reward."""
+        """The exact expected reward of `workflow` (naming model ids `task` offers) on `task`; None (a format error)
+        earns the format-error reward."""
         if workflow is None:
             return self.reward_config.format_error
-        return float(self._table([workflow], offered_pool(task))[1][self.row(task), 0])
+        pool = offered_pool(task)
+        return float(self._table([positions(workflow, pool)], pool)[1][self.row(task), 0])
 
     def fixed(self, task: Task) -> Choice:
         """The best single workflow for every question of the task's pool."""
-        reward = self.table(offered_pool(task))[1]
-        return self._choice(reward.mean(axis=0), reward[self.row(task)])
+        pool = offered_pool(task)
+        reward = self.table(pool)[1]
+        return self._choice(pool, reward.mean(axis=0), reward[self.row(task)])
 
     def per_task(self, task: Task) -> Choice:
         """The best workflow for the question's (task, pool), whatever its difficulty."""
-        reward = self.table(offered_pool(task))[1]
+        pool = offered_pool(task)
+        reward = self.table(pool)[1]
         d = TASK_LABELS.index(task.task_label) * len(DIFFICULTIES)
-        return self._choice(reward[d : d + len(DIFFICULTIES)].mean(axis=0), reward[self.row(task)])
+        return self._choice(pool, reward[d : d + len(DIFFICULTIES)].mean(axis=0), reward[self.row(task)])
 
     def per_question(self, task: Task) -> Choice:
         """The best workflow for the task's (task, difficulty, pool): the per-question optimum."""
-        reward = self.table(offered_pool(task))[1][self.row(task)]
-        return self._choice(reward, reward)
+        pool = offered_pool(task)
+        reward = self.table(pool)[1][self.row(task)]
+        return self._choice(pool, reward, reward)
 
-    def _choice(self, objective: np.ndarray, reward: np.ndarray) -> Choice:
+    def _choice(self, pool: tuple[int, ...], objective: np.ndarray, reward: np.ndarray) -> Choice:
         best = int(np.flatnonzero(objective >= objective.max() - _TIE)[0])
-        return Choice(self.candidates[best], float(reward[best]))
+        return Choice(named(self.candidates[best], pool), float(reward[best]))
 
     def figures(self, tasks: Sequence[Task]) -> dict[str, object]:
         """Mean exact expected reward of the three policies on `tasks`, the per-question optimum's share of questions
@@ -310,7 +314,7 @@ class OrchestrationReference:
             "per_task_reward": float(np.mean([self.per_task(task).expected_reward for task in tasks])),
             "optimum_reward": float(np.mean([choice.expected_reward for choice in optimum])),
             "optimum_shapes": shape_shares([choice.workflow for choice in optimum]),
-            "heldout_pools": all(tuple(sorted(offered_pool(task))) in self.heldout_pools for task in tasks),
+            "heldout_pools": all(offered_pool(task) in self.heldout_pools for task in tasks),
         }
 
 
@@ -331,6 +335,6 @@ def gap_closed(reward: float, best_fixed: float, optimum: float) -> float:
 def build(config: OrchestrationWorldConfig, reward_config: RewardConfig, max_steps: int) -> "World":
     from env.worlds import World  # env.worlds dispatches here
 
-    pool = [PoolSlot(slot, config) for slot in range(config.pool_size)]
+    pool = [DifficultyWorker(index, config) for index in range(len(config.workers))]
     return World("orchestration", pool, load_tasks(config),
                  orchestration=OrchestrationReference(config, reward_config, max_steps))  # fmt: skip

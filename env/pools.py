@@ -1,16 +1,14 @@
 """Offered pools: each question offers some of a world's workers, as the paper's randomized-pool training does.
 
-A question offered the pool (3, 7, 12) opens with who sits in each slot
+A question offered the pool (3, 7, 12) lets the Conductor name those model ids alone: its prompt lists them
+(`env.prompts`), and a workflow naming another id is malformed (`env.gym_env`). An id keeps its meaning in every
+pool (model id 7 is the world's worker 7 wherever it is offered), as the paper's Conductor names models rather than
+seats: a pool changes which ids are allowed, never what an id means, so what a Conductor learns of a worker in the
+training pools holds in pools it never saw. Workers answer as themselves (the world's pool is every worker); the
+Conductor sees ids, not model names (docs/design.md).
 
-    Models offered: id 0 = M3, id 1 = M7, id 2 = M12.
-
-the Conductor's prompt lists those ids alone (`env.gym_env`: a workflow naming another id is malformed), and slot i
-answers as the pool's i-th worker (`OfferedSlot`). Workers are named `M<index>` by their place in the world's pool,
-never by their model names (docs/design.md: the Conductor sees ids, not names), so a Conductor can learn what each
-worker is good at from training pools and use it in pools it never saw.
-
-`offered_pool(task)` is the pool a question offers; the orchestration world (`env.orchestration`) offers its own
-pools with its own question text and reads them the same way.
+`offered_ids(task, n)` is what a question allows; the orchestration world (`env.orchestration`) offers its own pools
+and reads them the same way.
 """
 
 from __future__ import annotations
@@ -20,29 +18,22 @@ import random
 from typing import Sequence
 
 from env.tasks.base import Task
-from env.workers.base import Message, Worker, WorkerError, WorkerReply
+from env.workflow import Workflow, model_ids
 
 
 def offered_pool(task: Task) -> tuple[int, ...]:
-    """The workers `task` offers, in slot order (indices into the world's pool)."""
+    """The workers `task` offers (indices into the world's pool), in increasing order."""
     return tuple(task.metadata["pool"])
 
 
-def offered_pool_size(task: Task, world_pool_size: int) -> int:
-    """How many workers the Conductor may name on `task`: its offered pool's, else the world's whole pool."""
-    return len(task.metadata["pool"]) if "pool" in task.metadata else world_pool_size
+def offered_ids(task: Task, world_pool_size: int) -> tuple[int, ...]:
+    """The model ids the Conductor may name on `task`: its offered pool's workers, else the world's whole pool."""
+    return offered_pool(task) if "pool" in task.metadata else tuple(range(world_pool_size))
 
 
 def offer(task: Task, pool: Sequence[int], name: str = "") -> Task:
-    """`task` offering `pool` (called `name`, for reports): its question text opens with the slots' workers."""
-    if not pool or len(set(pool)) != len(pool) or min(pool) < 0:
-        raise ValueError(f"a pool is distinct worker indices >= 0, got {tuple(pool)}")
-    listed = ", ".join(f"id {slot} = M{worker}" for slot, worker in enumerate(pool))
-    return dataclasses.replace(
-        task,
-        question=f"Models offered: {listed}.\n\n{task.question}",
-        metadata={**task.metadata, "pool": tuple(pool), "pool_name": name},
-    )
+    """`task` offering `pool` (called `name`, for reports)."""
+    return dataclasses.replace(task, metadata={**task.metadata, "pool": model_ids(tuple(pool)), "pool_name": name})
 
 
 def random_pools(
@@ -54,14 +45,6 @@ def random_pools(
     for _ in range(count):
         pools.append(draw_pool(num_workers, sizes, rng, exclude=[*exclude, *pools]))
     return pools
-
-
-def shuffled(pool: Sequence[int], rng: random.Random) -> tuple[int, ...]:
-    """`pool` in a random slot order: slot ids then say nothing of which worker sits there (a sorted pool would seat
-    the world's first workers at id 0, and a Conductor could learn "id 0" instead of reading the question)."""
-    order = list(pool)
-    rng.shuffle(order)
-    return tuple(order)
 
 
 def draw_pool(
@@ -80,43 +63,18 @@ def draw_pool(
     raise ValueError(f"every pool of sizes {sizes} over {num_workers} workers is excluded")
 
 
-class OfferedSlot:
-    """Slot `slot` of the Conductor's pool: on each question, the worker its offered pool seats there."""
+def named(workflow: Workflow, pool: Sequence[int]) -> Workflow:
+    """`workflow`, written over positions in `pool` (0 for its first worker), naming each step's model id instead."""
+    return dataclasses.replace(
+        workflow, steps=tuple(dataclasses.replace(step, worker=pool[step.worker]) for step in workflow.steps)
+    )
 
-    backend = "offered"
 
-    def __init__(self, slot: int, workers: Sequence[Worker]) -> None:
-        if not 0 <= slot < len(workers):
-            raise ValueError(f"slot {slot} outside a pool of {len(workers)} workers")
-        self.slot = slot
-        self.name = f"slot-{slot}"
-        self.model = self.name
-        self.workers = tuple(workers)  # the world's whole pool, which `offered_pool` indexes
-
-    @property
-    def cache_model(self) -> str:
-        """Everything that changes this slot's answers, for the response cache: the question picks the worker, and
-        the cache keys on the question too."""
-        workers = ", ".join(getattr(worker, "cache_model", worker.model) for worker in self.workers)
-        return f"{self.name} of [{workers}]"
-
-    def worker(self, task: Task) -> Worker:
-        """The worker this slot is on `task`."""
-        pool = offered_pool(task)
-        if self.slot >= len(pool):
-            raise WorkerError(f"{self.name}: task {task.id} offers {len(pool)} workers")
-        return self.workers[pool[self.slot]]
-
-    def reply(self, task: Task) -> WorkerReply:
-        """The seated worker's recorded reply (`env.workers.recorded.RecordedWorker.reply`)."""
-        return self.worker(task).reply(task)
-
-    async def complete(
-        self, messages: Sequence[Message], *, max_tokens: int, temperature: float, seed: int | None,
-        task: Task | None = None,
-    ) -> WorkerReply:  # fmt: skip
-        if task is None:
-            raise WorkerError(f"{self.name}: an offered slot needs the task to know which worker it is")
-        return await self.worker(task).complete(
-            messages, max_tokens=max_tokens, temperature=temperature, seed=seed, task=task
-        )
+def positions(workflow: Workflow, pool: Sequence[int]) -> Workflow:
+    """`workflow`, naming model ids of `pool`, written over positions in `pool` instead (`named`'s inverse)."""
+    missing = [step.worker for step in workflow.steps if step.worker not in pool]
+    if missing:
+        raise ValueError(f"model ids {missing} are not in the pool {tuple(pool)}")
+    return dataclasses.replace(
+        workflow, steps=tuple(dataclasses.replace(step, worker=list(pool).index(step.worker)) for step in workflow.steps)
+    )

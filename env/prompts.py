@@ -1,7 +1,7 @@
 """Prompts of the Conductor and of its workers (docs/design.md section 8), written in our own words.
 
-Structure follows the reference: the Conductor gets a system message, a user message with the question, the pool
-as numbered ids, the step limit and a few example workflows from other tasks, and continues an assistant
+Structure follows the reference: the Conductor gets a system message, a user message with the question, the model
+ids it may name (`env.workflow.model_ids`: the whole pool's, or the ids a question offers), the step limit and a few example workflows from other tasks, and continues an assistant
 prefix that starts its planning. A worker gets a preamble, the overall question, every earlier step it may read
 as a tagged subtask + response pair, then its own subtask. Example workflows are rendered by `render_workflow`,
 so the prompts and the parser share one grammar.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from env.workers.base import Message
-from env.workflow import AccessMode, Step, Workflow, check_settings, render_workflow
+from env.workflow import AccessMode, Step, Workflow, check_settings, model_ids, render_workflow
 
 CONDUCTOR_PREFIX = (
     "Let me plan this step by step: which subtasks the question needs, which model should handle each one, "
@@ -37,7 +37,7 @@ _ACCESS_RULES = {
 }
 
 # Each example is a question from a task that differs from the usual benchmarks, with a workflow over
-# generic model ids; ids are taken modulo the pool size so they are valid for any pool.
+# generic model ids; the i-th id of an example names the pool's (i mod its size)-th id, so it is valid for any pool.
 _EXAMPLES: tuple[tuple[str, Workflow], ...] = (
     (
         "Which planet in our solar system has the shortest day?",
@@ -80,15 +80,17 @@ _EXAMPLES: tuple[tuple[str, Workflow], ...] = (
 
 
 def conductor_messages(
-    question: str, pool_size: int, max_steps: int = 5, access_mode: AccessMode = "binary"
+    question: str, pool: int | Sequence[int], max_steps: int = 5, access_mode: AccessMode = "binary"
 ) -> list[Message]:
-    """System + user message of the first Conductor round; the assistant continues `CONDUCTOR_PREFIX`."""
-    check_settings(pool_size, max_steps, access_mode)
+    """System + user message of the first Conductor round over `pool`'s model ids (`env.workflow.model_ids`); the
+    assistant continues `CONDUCTOR_PREFIX`."""
+    ids = model_ids(pool)
+    check_settings(len(ids), max_steps, access_mode)
     user = "\n\n".join(
         [
             f"Question:\n{question}",
-            _pool_and_format(pool_size, max_steps, access_mode),
-            _examples(pool_size, max_steps, access_mode),
+            _pool_and_format(ids, max_steps, access_mode),
+            _examples(ids, max_steps, access_mode),
             "Reason briefly about how to split the question, then write the three lists for this question.",
         ]
     )
@@ -97,7 +99,7 @@ def conductor_messages(
 
 def recursion_messages(
     question: str,
-    pool_size: int,
+    pool: int | Sequence[int],
     max_steps: int,
     previous_workflow_text: str,
     previous_answer: str,
@@ -105,13 +107,14 @@ def recursion_messages(
 ) -> list[Message]:
     """A further Conductor round: it sees its previous workflow and that workflow's final answer and either
     writes a new workflow or three empty lists to keep the previous answer."""
-    check_settings(pool_size, max_steps, access_mode)
+    ids = model_ids(pool)
+    check_settings(len(ids), max_steps, access_mode)
     user = "\n\n".join(
         [
             f"Question:\n{question}",
             f"You already ran this workflow:\n{previous_workflow_text.strip()}",
             f"Its final answer was:\n{previous_answer.strip()}",
-            _pool_and_format(pool_size, max_steps, access_mode),
+            _pool_and_format(ids, max_steps, access_mode),
             "If you are confident the final answer is correct, keep it by writing three empty lists:\n"
             "model_id = []\nsubtasks = []\naccess_list = []\n"
             "Otherwise write a new workflow that fixes what went wrong; it may use the previous answer in its "
@@ -142,26 +145,28 @@ def worker_messages(question: str, visible: Sequence[tuple[str, str]], instructi
     return [{"role": "user", "content": "\n\n".join(parts)}]
 
 
-def _pool_and_format(pool_size: int, max_steps: int, access_mode: AccessMode) -> str:
-    pool = "\n".join(f"- Model id {index}" for index in range(pool_size))
+def _pool_and_format(ids: tuple[int, ...], max_steps: int, access_mode: AccessMode) -> str:
+    pool = "\n".join(f"- Model id {index}" for index in ids)
+    allowed = (f"an integer from 0 to {len(ids) - 1}" if ids == tuple(range(len(ids)))
+               else f"one of {', '.join(map(str, ids))}")
     return (
         f"Available models:\n{pool}\n\n"
         f"Write a workflow of at most {max_steps} step{'s' if max_steps > 1 else ''}. Steps run in order and "
         "the response of the last step is the final answer, so the last subtask must ask for the final answer "
         "in the format the question requests. End your reply with three Python lists of the same length:\n"
-        f"model_id: for each step the id of the model that runs it (an integer from 0 to {pool_size - 1}).\n"
+        f"model_id: for each step the id of the model that runs it ({allowed}).\n"
         "subtasks: for each step the instruction given to that model, as a string.\n"
         f"{_ACCESS_RULES[access_mode]}"
     )
 
 
-def _examples(pool_size: int, max_steps: int, access_mode: AccessMode) -> str:
+def _examples(ids: tuple[int, ...], max_steps: int, access_mode: AccessMode) -> str:
     blocks = []
     for number, (question, workflow) in enumerate(_EXAMPLES, start=1):
         if len(workflow.steps) > max_steps:
             continue
         steps = tuple(
-            Step(worker=step.worker % pool_size, instruction=step.instruction, access=step.access)
+            Step(worker=ids[step.worker % len(ids)], instruction=step.instruction, access=step.access)
             for step in workflow.steps
         )
         rendered = render_workflow(Workflow(steps=steps, reasoning=workflow.reasoning), access_mode)

@@ -25,7 +25,7 @@ import ast
 import dataclasses
 import json
 import re
-from typing import Any, Literal, Union
+from typing import Any, Literal, Sequence, Union
 
 Access = Union[Literal["all"], tuple[int, ...]]
 AccessMode = Literal["binary", "fine"]
@@ -105,7 +105,7 @@ class Workflow:
 
 def parse_workflow(
     text: str,
-    pool_size: int,
+    pool: int | Sequence[int],
     max_steps: int = 5,
     access_mode: AccessMode = "binary",
     allow_empty: bool = False,
@@ -115,8 +115,11 @@ def parse_workflow(
     `allow_empty=True` (the recursion round) accepts three empty lists as `Workflow(steps=())`.
     In binary mode each access entry is "all" or []; "all" on step 0 becomes (). In fine mode each entry is a
     list of earlier step indices (returned sorted and deduplicated); "all" is accepted as every earlier step.
+    `pool` is the model ids a step may name (`model_ids`): a count n for ids 0 to n - 1, or the ids a question
+    offers (`env.pools`), whose ids keep the meaning they have in the whole pool.
     """
-    check_settings(pool_size, max_steps, access_mode)
+    ids = model_ids(pool)
+    check_settings(len(ids), max_steps, access_mode)
     if not isinstance(text, str):
         raise WorkflowFormatError(f"the completion must be text, got {type(text).__name__}")
     if len(text) > MAX_COMPLETION_CHARS:
@@ -143,7 +146,7 @@ def parse_workflow(
     workers, subtasks, accesses = values["model_id"], values["subtasks"], values["access_list"]
     reasoning = body[:first_label_at].strip()
     return Workflow(
-        steps=_validate(workers, subtasks, accesses, pool_size, max_steps, access_mode, allow_empty),
+        steps=_validate(workers, subtasks, accesses, ids, max_steps, access_mode, allow_empty),
         reasoning=reasoning,
     )
 
@@ -174,6 +177,22 @@ def render_workflow(workflow: Workflow, access_mode: AccessMode = "binary") -> s
     )
     reasoning = workflow.reasoning.strip()
     return f"{reasoning}\n\n{lists}" if reasoning else lists
+
+
+def model_ids(pool: int | Sequence[int]) -> tuple[int, ...]:
+    """The model ids a workflow may name: 0 to `pool` - 1 for a count, else `pool`'s ids (distinct ints >= 0),
+    sorted."""
+    if isinstance(pool, bool) or not isinstance(pool, (int, Sequence)) or isinstance(pool, str):
+        raise ValueError(f"a pool is a positive int or a sequence of model ids, got {pool!r}")
+    if isinstance(pool, int):
+        if pool < 1:
+            raise ValueError(f"pool_size must be a positive int, got {pool!r}")
+        return tuple(range(pool))
+    ids = tuple(pool)
+    if (not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids)
+            or len(set(ids)) != len(ids)):
+        raise ValueError(f"a pool's model ids are distinct ints >= 0, got {ids!r}")
+    return tuple(sorted(ids))
 
 
 def check_settings(pool_size: int, max_steps: int, access_mode: str) -> None:
@@ -355,7 +374,7 @@ def _validate(
     workers: list[Any],
     subtasks: list[Any],
     accesses: list[Any],
-    pool_size: int,
+    ids: tuple[int, ...],
     max_steps: int,
     access_mode: str,
     allow_empty: bool,
@@ -379,7 +398,7 @@ def _validate(
     for index, (worker, subtask, access) in enumerate(zip(workers, subtasks, accesses)):
         steps.append(
             Step(
-                worker=_worker_id(worker, index, pool_size),
+                worker=_worker_id(worker, index, ids),
                 instruction=_instruction(subtask, index),
                 access=_access(access, index, access_mode),
             )
@@ -387,15 +406,18 @@ def _validate(
     return tuple(steps)
 
 
-def _worker_id(value: Any, index: int, pool_size: int) -> int:
+def _worker_id(value: Any, index: int, ids: tuple[int, ...]) -> int:
     if isinstance(value, str):
         # The prompt lists the pool as "Model id N", which policies sometimes copy into the list.
         value = _MODEL_NAME_RE.sub("", value)
     worker = _as_int(value)
     if worker is None:
         raise WorkflowFormatError(f"model_id[{index}] is {_excerpt(value)}, not an integer model id")
-    if not 0 <= worker < pool_size:
-        raise WorkflowFormatError(f"model_id[{index}] is {worker}, outside the pool's ids 0..{pool_size - 1}")
+    if worker not in ids:
+        if ids == tuple(range(len(ids))):
+            raise WorkflowFormatError(f"model_id[{index}] is {worker}, outside the pool's ids 0..{len(ids) - 1}")
+        offered = ", ".join(map(str, ids))
+        raise WorkflowFormatError(f"model_id[{index}] is {worker}, not one of the offered ids {offered}")
     return worker
 
 

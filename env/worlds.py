@@ -22,7 +22,7 @@ from env import tasks as task_library
 from env.tasks.zeroeval import ZEROEVAL_MODELS, ZEROEVAL_OPEN_MODELS, ZEROEVAL_TASKS, load_zeroeval
 from env.orchestration import OrchestrationReference, OrchestrationWorldConfig
 from env.orchestration import build as build_orchestration
-from env.pools import OfferedSlot, draw_pool, offer, random_pools, shuffled
+from env.pools import draw_pool, offer, random_pools
 from env.rewards import RewardConfig
 from env.tasks.base import Task
 from env.workers.api import FREE, Price, RetryConfig
@@ -241,23 +241,19 @@ def zeroeval_heldout_pools(config: ZeroEvalWorldConfig) -> dict[str, tuple[int, 
     return named | {f"random-{i}": pool for i, pool in enumerate(drawn)}
 
 
-def _offered(config: ZeroEvalWorldConfig, workers: list[Worker], tasks: list[Task]) -> tuple[list[Worker], list[Task]]:
-    """`workers` as slots of the pools `config.pools` offers on `tasks` (`env.pools`)."""
+def _offered(config: ZeroEvalWorldConfig, tasks: list[Task]) -> list[Task]:
+    """`tasks` offering the pools `config.pools` names (`env.pools`)."""
     heldout = zeroeval_heldout_pools(config)
     rng = random.Random(f"zeroeval offered pools/{config.split_seed}/{config.split}/{config.pools}/{config.seed}")
     if config.pools == "train":
-        offers = [(draw_pool(len(workers), config.pool_sizes, rng, exclude=list(heldout.values())), "train")
+        offers = [(draw_pool(len(config.models), config.pool_sizes, rng, exclude=list(heldout.values())), "train")
                   for _ in tasks]
     elif config.pools == "heldout":
         names = list(heldout)
         offers = [(heldout[names[i % len(names)]], names[i % len(names)]) for i in range(len(tasks))]
     else:
         offers = [(heldout[config.pools], config.pools)] * len(tasks)
-    offers = [(shuffled(pool, rng), name) for pool, name in offers]
-    offered = [offer(task, pool, name) for task, (pool, name) in zip(tasks, offers)]
-    # As many slots as the largest pool that can be offered: a question's prompt still lists its own pool alone.
-    slots = config.pool_sizes[1] if config.pools == "train" else max(len(pool) for pool, _ in offers)
-    return [OfferedSlot(slot, workers) for slot in range(slots)], offered
+    return [offer(task, pool, name) for task, (pool, name) in zip(tasks, offers)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,7 +421,7 @@ def _zeroeval(config: ZeroEvalWorldConfig) -> World:
             loaded = [loaded[index] for index in kept]
         tasks.extend(loaded)
     if config.pools != "all":
-        pool, tasks = _offered(config, pool, tasks)
+        tasks = _offered(config, tasks)
     return World("zeroeval", pool, tasks)
 
 

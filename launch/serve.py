@@ -64,7 +64,7 @@ from env.executor import Execution, ExecutorConfig, aclose_workers, execute_asyn
 from env.tasks.base import Task
 from env.workers.base import Worker
 from env.workers.cache import ResponseCache
-from env.workflow import AccessMode, Step, Workflow, WorkflowFormatError, check_settings, parse_workflow
+from env.workflow import AccessMode, Workflow, WorkflowFormatError, check_settings, parse_workflow
 from launch.flag_groups import conductor as conductor_flags
 from launch.flag_groups import environment as environment_flags
 from launch.flag_groups import field_values
@@ -338,8 +338,9 @@ class ConductorService:
     ) -> Answer:
         """The executed workflow's answer; `temperatures` are the tries at a workflow (`attempt_temperatures`).
         Raises `AnswerError` when no try parses or the answering step fails."""
+        # The workers left are offered by their pool ids, as a training run's offered pools are (`env.pools`).
         allowed = [w for w in range(len(self.pool)) if w not in options.excluded]
-        messages = prompts.conductor_messages(question, len(allowed), options.max_steps, self.config.access_mode)
+        messages = prompts.conductor_messages(question, allowed, options.max_steps, self.config.access_mode)
         prompt_ids = render_chat(self.tokenizer, messages, prompts.CONDUCTOR_PREFIX)
         workflow, text, attempts, completion_tokens = None, "", [], 0
         # Tries at one temperature are sampled in one call: one batch costs about what one row does.
@@ -350,7 +351,7 @@ class ConductorService:
             for completion in groups[0]:
                 text = self.tokenizer.decode(list(completion.completion_ids), skip_special_tokens=True)
                 try:
-                    workflow = parse_workflow(prompts.CONDUCTOR_PREFIX + text, len(allowed), options.max_steps,
+                    workflow = parse_workflow(prompts.CONDUCTOR_PREFIX + text, allowed, options.max_steps,
                                               self.config.access_mode)  # fmt: skip
                     attempts.append({"temperature": temperature, "parse_error": None})
                     break
@@ -374,14 +375,9 @@ class ConductorService:
                 f"{[a['temperature'] for a in attempts]}; the last: {attempts[-1]['parse_error']}",
                 status=422, code="invalid_workflow", audit=audit,
             )
-        # The Conductor saw the allowed workers as ids 0..k-1; run its steps on the pool members they stand for.
-        pooled = Workflow(
-            steps=tuple(Step(allowed[s.worker], s.instruction, s.access) for s in workflow.steps),
-            reasoning=workflow.reasoning,
-        )
-        execution = await execute_async(pooled, self._task(question), self.pool, self.cache,
+        execution = await execute_async(workflow, self._task(question), self.pool, self.cache,
                                         config=self.config.executor)  # fmt: skip
-        audit.update(parse_error=None, reasoning=workflow.reasoning, **_execution_audit(pooled, execution))
+        audit.update(parse_error=None, reasoning=workflow.reasoning, **_execution_audit(workflow, execution))
         if not execution.steps[-1].ok:
             failed = "; ".join(f"step {r.index} ({r.worker_name}): {r.error}" for r in execution.steps if not r.ok)
             raise AnswerError(

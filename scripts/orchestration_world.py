@@ -77,7 +77,7 @@ def main() -> None:
             for task in world.tasks:
                 key = context(task)
                 if key not in choices:
-                    choices[key] = reference.candidates[bandit.choose(problem, statistics, key)]
+                    choices[key] = bandit.orchestration_workflow(reference, problem, statistics, task)
                 total += world.orchestration.expected_reward(task, choices[key])
             rewards[split].append(total / len(world.tasks))
     for split, world in worlds.items():

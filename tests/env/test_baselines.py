@@ -21,7 +21,7 @@ def test_mixture_of_agents_layers_read_only_the_previous_layer_and_aggregate_las
     ]
     assert workflow.steps[-1].instruction == policies.AGGREGATE
     # The fine-grained rendering parses back to the same steps once the step limit admits it.
-    parsed = parse_workflow(render_workflow(workflow, "fine"), pool_size=3, max_steps=7, access_mode="fine")
+    parsed = parse_workflow(render_workflow(workflow, "fine"), pool=3, max_steps=7, access_mode="fine")
     assert parsed.steps == workflow.steps
 
 

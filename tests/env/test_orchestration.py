@@ -5,13 +5,16 @@ import math
 import numpy as np
 import pytest
 
+from env.executor import Execution, StepRecord, expected_grade
 from env.gym_env import ConductorEnv, EnvConfig
 from env.optimum import access_pattern, candidate_workflows, reward_table, shape_count
 from env.orchestration import (
-    DEFAULT_WORKERS, DIFFICULTIES, TASK_LABELS, SPLITS, OrchestrationWorker, OrchestrationWorldConfig, PoolSlot, context,
-    gap_closed, load_tasks, pool_split, shape_shares,
+    DEFAULT_WORKERS, DIFFICULTIES, TASK_LABELS, SPLITS, DifficultyWorker, OrchestrationWorker,
+    OrchestrationWorldConfig, context, gap_closed, load_tasks, pool_split, shape_shares,
 )
+from env.pools import named, positions
 from env.rewards import RewardConfig
+from env.workers.base import WorkerError
 from env.workers.simulated import AnswerModel
 from env.workflow import Step, Workflow, render_workflow
 from env.worlds import build_world
@@ -91,13 +94,18 @@ def test_the_held_out_pools_are_disjoint_from_training_deterministic_and_cover_e
         assert {context(task)[2] for task in tasks} <= set(split[name])
 
 
-def test_questions_show_their_task_difficulty_and_offered_pool_and_balance_the_contexts():
-    tasks = load_tasks(OrchestrationWorldConfig(split="validation"))
+def test_questions_show_their_task_and_difficulty_the_prompt_the_offered_ids_and_the_contexts_balance():
+    config = OrchestrationWorldConfig(split="validation")
+    tasks = load_tasks(config)
     assert len(tasks) == 240
     task = tasks[5]
     task_label, difficulty, pool = context(task)
-    assert task.question.startswith(f"Task domain: {task_label}. Difficulty: {difficulty}.\nModels offered: id 0 = W")
-    assert ", ".join(f"id {slot} = W{w}" for slot, w in enumerate(pool)) in task.question
+    assert task.question.startswith(f"Task domain: {task_label}. Difficulty: {difficulty}.\n\n")
+    assert pool == tuple(sorted(pool)) and len(pool) == 3
+    prompt = ConductorEnv(build_world(config, RECIPE_REWARD, max_steps=3), EnvConfig(max_steps=3)).observation(task)
+    listed = [int(line.removeprefix("- Model id ")) for line in prompt["text"].splitlines()
+              if line.startswith("- Model id ")]
+    assert listed == list(pool)
     counts = {(d, h): 0 for d in TASK_LABELS for h in DIFFICULTIES}
     for task in tasks:
         counts[context(task)[:2]] += 1
@@ -105,17 +113,33 @@ def test_questions_show_their_task_difficulty_and_offered_pool_and_balance_the_c
     assert [t.question for t in load_tasks(OrchestrationWorldConfig(split="validation"))] == [t.question for t in tasks]
 
 
-def test_a_slot_answers_as_the_worker_offered_there_at_the_questions_difficulty():
+def test_a_worker_answers_with_its_skill_at_the_questions_difficulty_and_only_where_offered():
     config = OrchestrationWorldConfig(split="test")
     task = load_tasks(config)[0]
     task_label, difficulty, pool = context(task)
-    for slot in range(3):
-        worker = PoolSlot(slot, config).worker(task)
-        assert worker.name == DEFAULT_WORKERS[pool[slot]].name
-        skill = DEFAULT_WORKERS[pool[slot]].skills[TASK_LABELS.index(task_label)][DIFFICULTIES.index(difficulty)]
+    for w in pool:
+        worker = DifficultyWorker(w, config).at(task)
+        assert worker.name == DEFAULT_WORKERS[w].name
+        skill = DEFAULT_WORKERS[w].skills[TASK_LABELS.index(task_label)][DIFFICULTIES.index(difficulty)]
         assert worker.skill(task) == skill
-        price = DEFAULT_WORKERS[pool[slot]].price_per_call
-        assert worker.price.cost(0, config.completion_tokens) == pytest.approx(price)
+        assert worker.price.cost(0, config.completion_tokens) == pytest.approx(DEFAULT_WORKERS[w].price_per_call)
+    absent = next(w for w in range(len(DEFAULT_WORKERS)) if w not in pool)
+    with pytest.raises(WorkerError, match="does not offer it"):
+        DifficultyWorker(absent, config).at(task)
+
+
+def test_the_expected_grade_of_an_answering_step_is_its_workers_skill_at_the_questions_difficulty():
+    config = OrchestrationWorldConfig(split="test")
+    world = build_world(config, RECIPE_REWARD, max_steps=3)
+    task = world.tasks[0]
+    task_label, difficulty, pool = context(task)
+    for w in pool:
+        step = StepRecord(index=0, worker=w, worker_name=f"W{w}", instruction="Answer.", visible=(), response="x",
+                          error=None, prompt_tokens=1, completion_tokens=1, cost_usd=0.0, latency_s=0.0,
+                          cached=False, started_s=0.0, finished_s=0.0)
+        execution = Execution(final_answer="x", steps=(step,), calls=1, tokens=2, cost_usd=0.0, wall_s=0.0)
+        skill = DEFAULT_WORKERS[w].skills[TASK_LABELS.index(task_label)][DIFFICULTIES.index(difficulty)]
+        assert expected_grade(execution, task, world.pool) == pytest.approx(skill)
 
 
 @pytest.mark.parametrize("split", SPLITS)
@@ -140,22 +164,25 @@ def test_the_reference_policies_are_the_argmax_of_a_brute_force_search():
     reference = world.orchestration
     task = world.tasks[7]
     pool = context(task)[2]
-    rewards = [reference.expected_reward(task, flow) for flow in reference.candidates]
+    rewards = [reference.expected_reward(task, named(flow, pool)) for flow in reference.candidates]
     assert reference.per_question(task).expected_reward == pytest.approx(max(rewards))
     fixed = reference.fixed(task).workflow
     same_pool = [t for t in world.tasks if context(t)[2] == pool]
     # on the population (every context once) no candidate beats the fixed choice
     population = reference.table(pool)[1].mean(axis=0)
-    assert population[reference.candidates.index(fixed)] == pytest.approx(population.max())
+    assert population[reference.candidates.index(positions(fixed, pool))] == pytest.approx(population.max())
+    assert {step.worker for step in fixed.steps} <= set(pool)  # the policies name model ids, as a Conductor does
     assert all(reference.fixed(t).workflow == fixed for t in same_pool)
     assert reference.expected_reward(task, None) == -1.0
 
 
 def test_the_env_draws_rewards_whose_mean_is_the_exact_expected_reward():
-    """Monte Carlo through the real env path: PoolSlot workers executed and graded, 0/1 draws, the recipe's reward."""
+    """Monte Carlo through the real env path: the offered workers executed and graded, 0/1 draws, the recipe's
+    reward."""
     world = build_world(OrchestrationWorldConfig(split="test"), RECIPE_REWARD, max_steps=3)
     task = next(t for t in world.tasks if t.metadata["difficulty"] == "hard")
-    flow = workflow((0, ()), (2, ()), (1, "all"))
+    pool = context(task)[2]
+    flow = workflow((pool[0], ()), (pool[2], ()), (pool[1], "all"))
     env = ConductorEnv(world, EnvConfig(max_steps=3, reward=RECIPE_REWARD))
     draws = 300
     try:

@@ -35,7 +35,7 @@ def test_uniform_shape_workflows_render_and_parse_back():
     rng = random.Random(1)
     for _ in range(200):
         workflow = random_template(4, rng, ("uniform_shape",))
-        parsed = parse_workflow(render_workflow(workflow), pool_size=4, max_steps=UNIFORM_SHAPE_MAX_STEPS)
+        parsed = parse_workflow(render_workflow(workflow), pool=4, max_steps=UNIFORM_SHAPE_MAX_STEPS)
         assert [(s.worker, s.visible_steps(i)) for i, s in enumerate(parsed.steps)] == [
             (s.worker, s.visible_steps(i)) for i, s in enumerate(workflow.steps)
         ]

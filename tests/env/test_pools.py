@@ -1,5 +1,6 @@
-"""Offered pools (`env.pools`): the question names each slot's worker, the prompt lists the offered ids alone, a slot
-answers as the worker seated there, and the zeroeval world's training pools never include a held-out one."""
+"""Offered pools (`env.pools`): the prompt lists the offered model ids alone, an id means the same worker in every
+pool, a workflow naming an id not offered is malformed, and the zeroeval world's training pools never include a
+held-out one."""
 
 from __future__ import annotations
 
@@ -10,28 +11,37 @@ import numpy as np
 import pytest
 
 from env import frontier, pools
-from env.executor import Execution, StepRecord, expected_grade
 from env.gym_env import ConductorEnv, EnvConfig
 from env.tasks import data_files
 from env.tasks.base import Task
 from env.tasks.graders import grade_exact
-from env.workers.base import WorkerError, WorkerReply
-from env.workers.simulated import SimulatedWorker
+from env.workers.base import WorkerReply
+from env.workflow import Step, Workflow
 from env.worlds import World, ZeroEvalWorldConfig, build_world, zeroeval_heldout_pools
 from tests.env.helpers import ScriptedWorker, exact_task
 
 TEAM = data_files.team_root() / "zeroeval"
 
 
-def test_an_offer_names_each_slots_worker_in_the_question_and_keeps_the_rest():
+def test_an_offer_records_the_pool_sorted_and_keeps_the_question():
     task = pools.offer(exact_task(), (3, 0, 7), "p")
-    assert task.question == "Models offered: id 0 = M3, id 1 = M0, id 2 = M7.\n\nWhat is 6 * 7?"
-    assert pools.offered_pool(task) == (3, 0, 7) and task.metadata["pool_name"] == "p"
+    assert task.question == exact_task().question == "What is 6 * 7?"
+    assert pools.offered_pool(task) == (0, 3, 7) and task.metadata["pool_name"] == "p"
     assert (task.gold, task.task_label) == ("42", "math")
-    assert pools.offered_pool_size(task, 16) == 3 and pools.offered_pool_size(exact_task(), 16) == 16
+    assert pools.offered_ids(task, 16) == (0, 3, 7) and pools.offered_ids(exact_task(), 4) == (0, 1, 2, 3)
     for bad in ((), (1, 1), (-1, 2)):
-        with pytest.raises(ValueError, match="distinct worker indices"):
+        with pytest.raises(ValueError, match="distinct ints >= 0"):
             pools.offer(exact_task(), bad)
+
+
+def test_a_workflow_over_a_pools_positions_names_its_model_ids_and_back():
+    flow = Workflow(steps=(Step(0, "Solve.", ()), Step(2, "Check.", "all"), Step(1, "Answer.", (0, 1))), reasoning="r")
+    ids = pools.named(flow, (3, 7, 12))
+    assert [step.worker for step in ids.steps] == [3, 12, 7]
+    assert [(s.instruction, s.access) for s in ids.steps] == [(s.instruction, s.access) for s in flow.steps]
+    assert ids.reasoning == "r" and pools.positions(ids, (3, 7, 12)) == flow
+    with pytest.raises(ValueError, match=r"model ids \[12\] are not in the pool \(3, 7\)"):
+        pools.positions(ids, (3, 7))
 
 
 def test_random_pools_are_distinct_sized_within_the_range_avoid_the_excluded_and_repeat_from_their_seed():
@@ -51,49 +61,25 @@ def test_random_pools_are_distinct_sized_within_the_range_avoid_the_excluded_and
         pools.random_pools(4, (3, 5), 1, "s")
 
 
-def test_a_slot_answers_as_the_worker_the_question_seats_there_and_fails_past_its_pool():
-    workers = [ScriptedWorker(f"w{i}", answer=str(i)) for i in range(4)]
-    slots = [pools.OfferedSlot(slot, workers) for slot in range(3)]
-    task = pools.offer(exact_task(), (2, 0))
-
-    async def answers():
-        return [await slots[s].complete([], max_tokens=8, temperature=0.0, seed=0, task=task) for s in (0, 1)]
-
-    assert [reply.text for reply in asyncio.run(answers())] == ["<answer>2</answer>", "<answer>0</answer>"]
-    assert [len(w.calls) for w in workers] == [1, 0, 1, 0]
-    with pytest.raises(WorkerError, match="offers 2 workers"):
-        asyncio.run(slots[2].complete([], max_tokens=8, temperature=0.0, seed=0, task=task))
-    with pytest.raises(WorkerError, match="needs the task"):
-        asyncio.run(slots[0].complete([], max_tokens=8, temperature=0.0, seed=0))
-    with pytest.raises(ValueError, match="outside a pool of 4"):
-        pools.OfferedSlot(4, workers)
-
-
-def test_the_expected_grade_is_the_seated_workers():
-    workers = [SimulatedWorker("sure", {"math": 1.0}), SimulatedWorker("never", {"math": 0.0})]
-    slots = [pools.OfferedSlot(0, workers)]
-    step = StepRecord(index=0, worker=0, worker_name="slot-0", instruction="Answer.", visible=(), response="x",
-                      error=None, prompt_tokens=1, completion_tokens=1, cost_usd=0.0, latency_s=0.0, cached=False,
-                      started_s=0.0, finished_s=0.0)
-    execution = Execution(final_answer="x", steps=(step,), calls=1, tokens=2, cost_usd=0.0, wall_s=0.0)
-    assert expected_grade(execution, pools.offer(exact_task(), (0,)), slots) == 1.0
-    assert expected_grade(execution, pools.offer(exact_task(), (1,)), slots) == 0.0
-
-
-def test_the_conductor_prompt_lists_the_offered_ids_alone_and_a_workflow_naming_another_is_malformed():
+def test_an_offered_id_means_the_same_worker_in_every_pool_and_an_id_not_offered_is_malformed():
     workers = [ScriptedWorker(f"w{i}", answer="42") for i in range(5)]
-    world = World("offered", [pools.OfferedSlot(slot, workers) for slot in range(4)], [pools.offer(exact_task(), (4, 1))])
+    tasks = [pools.offer(exact_task(), (4, 1)), pools.offer(exact_task(), (1, 2, 3))]
+    world = World("offered", workers, tasks)
     env = ConductorEnv(world, EnvConfig(max_steps=2))
-    prompt = env.observation(world.tasks[0])["messages"][1]["content"]
-    assert "- Model id 1" in prompt and "- Model id 2" not in prompt and "from 0 to 1" in prompt
+    prompt = env.observation(tasks[0])["messages"][1]["content"]
+    listed = [line for line in prompt.splitlines() if line.startswith("- Model id ")]
+    assert listed == ["- Model id 1", "- Model id 4"] and "(one of 1, 4)" in prompt
 
     def workflow(worker: int) -> str:
         return f'Answer it.\nmodel_id = [{worker}]\nsubtasks = ["Answer."]\naccess_list = [[]]\n'
 
-    right = asyncio.run(env.score(world.tasks[0], workflow(1)))
-    assert right.parse_error is None and right.grade == 1.0 and len(workers[1].calls) == 1
-    wrong = asyncio.run(env.score(world.tasks[0], workflow(2)))
-    assert wrong.workflow is None and wrong.parse_error == "model_id[0] is 2, outside the pool's ids 0..1"
+    for task in tasks:  # id 1 is worker 1 in both pools
+        right = asyncio.run(env.score(task, workflow(1)))
+        assert right.parse_error is None and right.grade == 1.0
+    assert [len(w.calls) for w in workers] == [0, 2, 0, 0, 0]
+    wrong = asyncio.run(env.score(tasks[0], workflow(2)))
+    assert wrong.workflow is None and wrong.parse_error == "model_id[0] is 2, not one of the offered ids 1, 4"
+    assert asyncio.run(env.score(tasks[1], workflow(2))).grade == 1.0
     env.close()
 
 
@@ -111,15 +97,12 @@ def test_pool_figures_give_each_pool_its_own_baselines_against_numpy():
     answers = [{"q0": "right", "q1": "right", "q2": "right", "q3": "right"},
                {"q0": "right", "q1": "right", "q2": "no", "q3": "no"}, dict.fromkeys(["q0", "q1", "q2", "q3"], "no")]
     workers = [_Recorded(f"m{m}", answers[m], cost) for m, cost in enumerate((3.0, 1.0, 0.5))]
-    # The mixed pool seats its two models in either order: its figures are the models', not the slots'.
     offered = [pools.offer(q, (1, 2), "cheap") for q in questions] + [
-        pools.offer(Task(f"{q.id}@x", q.task_label, q.question, q.gold, q.grader), order, "mixed")
-        for q, order in zip(questions, [(0, 1), (1, 0), (1, 0), (0, 1)])
+        pools.offer(Task(f"{q.id}@x", q.task_label, q.question, q.gold, q.grader), (0, 1), "mixed") for q in questions
     ]
-    slots = [pools.OfferedSlot(slot, workers) for slot in range(2)]
     correct = [1.0, 1.0, 0.0, 0.0] + [1.0, 0.0, 1.0, 1.0]
     cost = [1.0, 1.0, 0.5, 0.5] + [1.0, 1.0, 3.0, 3.0]
-    figures = frontier.offered_pool_figures(offered, slots, correct, cost)
+    figures = frontier.offered_pool_figures(offered, workers, correct, cost)
     assert figures["accuracy"] == np.mean(correct) and figures["cost_usd_per_question"] == np.mean(cost)
     cheap, mixed = figures["pools"]["cheap"], figures["pools"]["mixed"]
     assert (cheap["models"], cheap["questions"], mixed["models"]) == (["m1", "m2"], 4, ["m0", "m1"])
@@ -131,7 +114,7 @@ def test_pool_figures_give_each_pool_its_own_baselines_against_numpy():
     assert mixed["baselines"]["per_task_best"]["accuracy"] == 1.0 and mixed["to_per_task_best"] == 0.75
     assert figures["pools_at_share"] == 1
     with pytest.raises(ValueError, match="2 questions but 1 answers"):
-        frontier.offered_pool_figures(offered[:2], slots, [1.0], [1.0])
+        frontier.offered_pool_figures(offered[:2], workers, [1.0], [1.0])
 
 
 def test_the_zeroeval_held_out_pools_are_open_closed_and_random_ones_fixed_by_the_split_seed():
@@ -154,20 +137,17 @@ def test_zeroeval_training_questions_are_never_offered_a_held_out_pool_and_evalu
     heldout = set(zeroeval_heldout_pools(config).values())
     train = build_world(config)
     offered = [pools.offered_pool(task) for task in train.tasks]
-    assert len(train.pool) == 9 and not heldout & set(offered)
+    assert len(train.pool) == 16 and not heldout & set(offered)
     assert {len(p) for p in offered} == set(range(3, 10)) and len(set(offered)) > 150
-    assert not heldout & {tuple(sorted(p)) for p in offered}
+    assert all(p == tuple(sorted(p)) for p in offered)
     first = train.tasks[0]
-    assert first.question.startswith("Models offered: id 0 = M") and first.metadata["records"]
+    assert not first.question.startswith("Models offered") and first.metadata["records"]
     evaluation = build_world(ZeroEvalWorldConfig(split="test", pools="heldout", limit_per_task=60, data_dir=str(TEAM)))
     names = [task.metadata["pool_name"] for task in evaluation.tasks]
     assert names[:3] == ["open", "closed", "random-0"] and set(names) == set(zeroeval_heldout_pools(config))
     closed = build_world(ZeroEvalWorldConfig(split="test", pools="closed", limit_per_task=5, data_dir=str(TEAM)))
-    orders = [pools.offered_pool(t) for t in closed.tasks]
-    assert len(closed.pool) == 9 and {tuple(sorted(order)) for order in orders} == {tuple(range(9))}
-    # Slot ids say nothing of the model: each question seats the pool in its own order.
-    assert len(set(orders)) == len(orders) and len({order[0] for order in orders}) > 3
+    assert len(closed.pool) == 16 and {pools.offered_pool(t) for t in closed.tasks} == {tuple(range(9))}
+    # Model id m is the world's model m in every pool: its recorded reply.
     first = closed.tasks[0]
-    seated = orders[0][0]
-    assert first.question.startswith(f"Models offered: id 0 = M{seated}, ")
-    assert closed.pool[0].reply(first) == closed.pool[0].workers[seated].reply(first)
+    assert closed.pool[3].reply(first) == build_world(ZeroEvalWorldConfig(split="test", limit_per_task=5,
+                                                                          data_dir=str(TEAM))).pool[3].reply(first)

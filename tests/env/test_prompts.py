@@ -18,7 +18,7 @@ def _example_texts(user_message: str) -> list[str]:
 
 
 def test_conductor_prompt_is_system_then_user_with_question_pool_and_limit():
-    messages = conductor_messages(QUESTION, pool_size=4, max_steps=3)
+    messages = conductor_messages(QUESTION, pool=4, max_steps=3)
     assert [message["role"] for message in messages] == ["system", "user"]
     user = messages[1]["content"]
     assert user.startswith(f"Question:\n{QUESTION}")
@@ -34,20 +34,20 @@ def test_examples_are_valid_workflows_for_the_pool_and_step_limit(access_mode, p
     examples = _example_texts(user)
     assert 1 <= len(examples) <= 3
     for text in examples:
-        workflow = parse_workflow(text, pool_size=pool_size, max_steps=max_steps, access_mode=access_mode)
+        workflow = parse_workflow(text, pool=pool_size, max_steps=max_steps, access_mode=access_mode)
         assert workflow.reasoning
     assert any('"all"' in text for text in examples) == (access_mode == "binary" and max_steps > 1)
 
 
 def test_examples_come_from_other_task_families_than_the_benchmarks():
-    user = conductor_messages(QUESTION, pool_size=3)[1]["content"]
+    user = conductor_messages(QUESTION, pool=3)[1]["content"]
     questions = re.findall(r"Example \d+\nQuestion: ([^\n]*)", user)
     assert len(questions) == 3
     assert not any("<answer>" in question for question in questions)
 
 
 def test_workers_appear_only_as_numbered_ids():
-    text = " ".join(message["content"] for message in conductor_messages(QUESTION, pool_size=7))
+    text = " ".join(message["content"] for message in conductor_messages(QUESTION, pool=7))
     for name in ("GPT", "Claude", "Gemini", "Qwen", "Llama", "DeepSeek", "Gemma", "SmolLM"):
         assert name.lower() not in text.lower()
 
@@ -86,11 +86,11 @@ def test_recursion_prompt_shows_previous_workflow_and_answer_and_how_to_keep_it(
     user = messages[1]["content"]
     assert previous in user and "<answer>391</answer>" in user
     keep = user[user.index("three empty lists") :]
-    assert parse_workflow(keep, pool_size=3, allow_empty=True).keeps_previous_answer
+    assert parse_workflow(keep, pool=3, allow_empty=True).keeps_previous_answer
 
 
 def test_bad_settings_raise_value_error():
     with pytest.raises(ValueError, match="pool_size"):
-        conductor_messages(QUESTION, pool_size=0)
+        conductor_messages(QUESTION, pool=0)
     with pytest.raises(ValueError, match="access_mode"):
         recursion_messages(QUESTION, 3, 5, "", "", access_mode="coarse")

@@ -29,7 +29,7 @@ def steps_of(workflow: Workflow) -> list[tuple[int, str, object]]:
 
 
 def test_reads_the_three_lists_and_the_reasoning_before_them():
-    workflow = parse_workflow("First solve, then check.\n\n" + VALID, pool_size=3)
+    workflow = parse_workflow("First solve, then check.\n\n" + VALID, pool=3)
     assert steps_of(workflow) == [(0, "Solve it.", ()), (2, "Check it.", "all")]
     assert workflow.reasoning == "First solve, then check."
 
@@ -52,7 +52,7 @@ def test_reads_the_three_lists_and_the_reasoning_before_them():
          "comma-split", "string-ids", "pool-names"],
 )
 def test_lenient_spellings_give_the_same_workflow(text):
-    assert steps_of(parse_workflow(text, pool_size=3)) == [(0, "Solve it.", ()), (2, "Check it.", "all")]
+    assert steps_of(parse_workflow(text, pool=3)) == [(0, "Solve it.", ()), (2, "Check it.", "all")]
 
 
 def test_brackets_quotes_and_labels_inside_strings_do_not_end_or_start_a_list():
@@ -61,7 +61,7 @@ def test_brackets_quotes_and_labels_inside_strings_do_not_end_or_start_a_list():
         "subtasks = [\"List the subtasks = [a, b] of 'x'\", 'Say \"model_id = [9]\" and [[nothing]]']\n"
         "access_list = [[], 'all']"
     )
-    workflow = parse_workflow(text, pool_size=2)
+    workflow = parse_workflow(text, pool=2)
     assert [step.instruction for step in workflow.steps] == [
         "List the subtasks = [a, b] of 'x'",
         'Say "model_id = [9]" and [[nothing]]',
@@ -70,9 +70,9 @@ def test_brackets_quotes_and_labels_inside_strings_do_not_end_or_start_a_list():
 
 def test_apostrophe_inside_double_quotes_and_smart_apostrophe_in_single_quotes():
     text = "model_id = [0]\nsubtasks = ['Find Bob\u2019s age']\naccess_list = [[]]"
-    assert parse_workflow(text, pool_size=1).steps[0].instruction == "Find Bob\u2019s age"
+    assert parse_workflow(text, pool=1).steps[0].instruction == "Find Bob\u2019s age"
     text = "model_id = [0]\nsubtasks = [\"Don't stop\"]\naccess_list = [[]]"
-    assert parse_workflow(text, pool_size=1).steps[0].instruction == "Don't stop"
+    assert parse_workflow(text, pool=1).steps[0].instruction == "Don't stop"
 
 
 def test_think_blocks_are_ignored_and_the_last_complete_list_wins():
@@ -80,11 +80,11 @@ def test_think_blocks_are_ignored_and_the_last_complete_list_wins():
         "<think>model_id = [5, 5, 5]</think>Drafting: model_id = [1]\n"
         "Final:\nmodel_id = [0]\nsubtasks = ['Answer.']\naccess_list = [[]]"
     )
-    assert steps_of(parse_workflow(text, pool_size=2)) == [(0, "Answer.", ())]
+    assert steps_of(parse_workflow(text, pool=2)) == [(0, "Answer.", ())]
     # Chat templates that open the block in the prompt leave only the closing tag in the completion.
-    assert parse_workflow("planning model_id = [7]</think>" + VALID, pool_size=3).steps[1].worker == 2
+    assert parse_workflow("planning model_id = [7]</think>" + VALID, pool=3).steps[1].worker == 2
     with pytest.raises(WorkflowFormatError, match="missing lists"):
-        parse_workflow("<think>" + VALID, pool_size=3)
+        parse_workflow("<think>" + VALID, pool=3)
 
 
 def test_fine_mode_reads_index_lists_sorted_without_duplicates_and_all_as_every_earlier_step():
@@ -95,17 +95,17 @@ def test_fine_mode_reads_index_lists_sorted_without_duplicates_and_all_as_every_
 
 
 def test_binary_all_on_the_first_step_means_no_access():
-    workflow = parse_workflow("model_id = [0]\nsubtasks = ['a']\naccess_list = ['all']", pool_size=1)
+    workflow = parse_workflow("model_id = [0]\nsubtasks = ['a']\naccess_list = ['all']", pool=1)
     assert workflow.steps[0].access == ()
     assert workflow.steps[0].visible_steps(0) == ()
 
 
 def test_recursion_round_accepts_three_empty_lists_only_when_allowed():
     text = "The answer is right.\nmodel_id = []\nsubtasks = []\naccess_list = []"
-    workflow = parse_workflow(text, pool_size=3, allow_empty=True)
+    workflow = parse_workflow(text, pool=3, allow_empty=True)
     assert workflow.steps == () and workflow.keeps_previous_answer
     with pytest.raises(WorkflowFormatError, match="the three lists are empty"):
-        parse_workflow(text, pool_size=3)
+        parse_workflow(text, pool=3)
 
 
 # ------------------------------------------------------------------------------------------- strict validation
@@ -155,34 +155,34 @@ def test_recursion_round_accepts_three_empty_lists_only_when_allowed():
 )
 def test_each_format_error_has_one_precise_reason(text, mode, reason):
     with pytest.raises(WorkflowFormatError) as error:
-        parse_workflow(text, pool_size=3, access_mode=mode)
+        parse_workflow(text, pool=3, access_mode=mode)
     assert str(error.value) == reason
     assert "\n" not in str(error.value)
 
 
 def test_step_limit_is_configurable():
     text = "model_id = [0, 0]\nsubtasks = ['a', 'b']\naccess_list = [[], 'all']"
-    assert len(parse_workflow(text, pool_size=1, max_steps=2).steps) == 2
+    assert len(parse_workflow(text, pool=1, max_steps=2).steps) == 2
     with pytest.raises(WorkflowFormatError, match="more than the limit of 1"):
-        parse_workflow(text, pool_size=1, max_steps=1)
+        parse_workflow(text, pool=1, max_steps=1)
 
 
 def test_oversized_completion_is_refused_before_any_work():
     with pytest.raises(WorkflowFormatError, match=f"more than the limit of {MAX_COMPLETION_CHARS}"):
-        parse_workflow(VALID + " " * MAX_COMPLETION_CHARS, pool_size=3)
+        parse_workflow(VALID + " " * MAX_COMPLETION_CHARS, pool=3)
 
 
 def test_non_text_completion_is_a_format_error():
     with pytest.raises(WorkflowFormatError, match="must be text"):
-        parse_workflow(None, pool_size=3)  # type: ignore[arg-type]
+        parse_workflow(None, pool=3)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"pool_size": 0}, "pool_size"),
-        ({"pool_size": 3, "max_steps": 0}, "max_steps"),
-        ({"pool_size": 3, "access_mode": "coarse"}, "access_mode"),
+        ({"pool": 0}, "pool_size"),
+        ({"pool": 3, "max_steps": 0}, "max_steps"),
+        ({"pool": 3, "access_mode": "coarse"}, "access_mode"),
     ],
 )
 def test_bad_settings_are_programming_errors(kwargs, message):
@@ -205,7 +205,7 @@ def test_adversarial_inputs_finish_quickly():
     for text in texts:
         start = time.perf_counter()
         with pytest.raises(WorkflowFormatError):
-            parse_workflow(text, pool_size=3)
+            parse_workflow(text, pool=3)
         assert time.perf_counter() - start < 2.0, text[:30]
 
 
@@ -259,7 +259,7 @@ def test_render_then_parse_is_the_identity(access_mode):
     @given(workflows(access_mode))
     def check(workflow):
         text = render_workflow(workflow, access_mode)
-        assert parse_workflow(text, pool_size=7, access_mode=access_mode) == workflow
+        assert parse_workflow(text, pool=7, access_mode=access_mode) == workflow
 
     check()
 
@@ -297,13 +297,13 @@ def _parse_never_crashes(text: str, **kwargs) -> None:
     else:
         assert isinstance(result, Workflow)
         assert 1 <= len(result.steps) <= kwargs.get("max_steps", 5) or kwargs.get("allow_empty")
-        assert all(0 <= step.worker < kwargs["pool_size"] for step in result.steps)
+        assert all(0 <= step.worker < kwargs["pool"] for step in result.steps)
 
 
 @settings(max_examples=300, deadline=None, database=None)
 @given(st.text(max_size=300), st.sampled_from(["binary", "fine"]), st.booleans())
 def test_arbitrary_text_only_parses_or_raises_format_error(text, access_mode, allow_empty):
-    _parse_never_crashes(text, pool_size=3, access_mode=access_mode, allow_empty=allow_empty)
+    _parse_never_crashes(text, pool=3, access_mode=access_mode, allow_empty=allow_empty)
 
 
 MUTANTS_PER_EXAMPLE = 50
@@ -322,9 +322,9 @@ def test_100k_mutated_workflows_only_parse_or_raise_format_error(workflow, acces
     """2,000 generated workflows x 50 random mutations each = 100,000 texts."""
     rng = random.Random(seed)
     text = render_workflow(workflow, "fine")
-    assert parse_workflow(text, pool_size=7, access_mode="fine") == workflow
+    assert parse_workflow(text, pool=7, access_mode="fine") == workflow
     for _ in range(MUTANTS_PER_EXAMPLE):
-        _parse_never_crashes(_mutate(text, rng), pool_size=7, access_mode=access_mode, allow_empty=rng.random() < 0.5)
+        _parse_never_crashes(_mutate(text, rng), pool=7, access_mode=access_mode, allow_empty=rng.random() < 0.5)
 
 
 @pytest.mark.parametrize(

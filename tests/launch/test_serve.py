@@ -187,8 +187,8 @@ def test_concurrent_requests_all_succeed_and_generation_is_serialised(tokenizer)
     assert server.service.generator.closed  # the server's cleanup closes the generator
 
 
-def test_excluded_workers_are_hidden_and_the_conductors_ids_map_to_the_rest(tokenizer):
-    server, tasks = synthetic_server(tokenizer, workflow_text(Step(0, "Solve it."), Step(1, "Check it.", "all")))
+def test_excluded_workers_are_hidden_and_the_rest_keep_their_ids(tokenizer):
+    server, tasks = synthetic_server(tokenizer, workflow_text(Step(1, "Solve it."), Step(3, "Check it.", "all")))
     with ServerThread(server) as running:
         reply = running.client.chat.completions.create(
             model="conductor", messages=[{"role": "user", "content": tasks[0].question}],
@@ -204,7 +204,8 @@ def test_excluded_workers_are_hidden_and_the_conductors_ids_map_to_the_rest(toke
     first_prompt, *second_prompts = server.service.generator.prompts  # the second request: greedy, then samples
     second_prompt = second_prompts[0]
     assert second_prompts == [second_prompt] * 2
-    assert "Model id 1" in first_prompt and "Model id 2" not in first_prompt
+    assert "Model id 1" in first_prompt and "Model id 3" in first_prompt
+    assert "Model id 0" not in first_prompt and "Model id 2" not in first_prompt
     assert "at most 1 step." in second_prompt
     assert capped.status_code == 422
     assert "more than the limit of 1" in capped.json()["error"]["message"]

@@ -241,22 +241,24 @@ def test_the_sft_command_measures_validity_at_the_rl_temperature_and_writes_an_h
     assert json.loads((out / "trained_sampling.json").read_text()) == {"max_new_tokens": 8, "temperature": 0.5}
 
 
-def test_template_examples_on_offered_pools_name_each_questions_own_workers_and_whole_pool_teachers_refuse():
+def test_template_examples_on_offered_pools_name_each_questions_own_ids_and_whole_pool_teachers_refuse():
     from env import pools
     from env.worlds import World
 
     base = build_world(SyntheticWorldConfig(num_workers=6, num_tasks=12))
-    offered = [pools.offer(task, tuple(range(2 + index % 3))) for index, task in enumerate(base.tasks)]
-    world = World("offered", [pools.OfferedSlot(slot, base.pool) for slot in range(4)], offered)
+    offered = [pools.offer(task, tuple(range(index % 3, 6, 1 + index % 3))) for index, task in enumerate(base.tasks)]
+    world = World("offered", base.pool, offered)
     environment = TokenizedConductorEnv(ConductorEnv(world), load_tokenizer(zoo.smollm2_135m_instruct()))
     questions = {tuple(environment.prompt_ids(q)): q for q in range(environment.num_questions)}
     seen = set()
     for example in teachers.template_examples(environment, 60, random.Random(0)):
         question = questions[example.prompt_ids]
         text = CONDUCTOR_PREFIX + environment.tokenizer.decode(list(example.completion_ids), skip_special_tokens=True)
-        size = len(pools.offered_pool(world.tasks[question]))
-        workers = {step.worker for step in parse_workflow(text, size, 5).steps}  # raises on an id past the pool
-        seen |= {(size, worker) for worker in workers}
-    assert {worker for size, worker in seen if size == 2} == {0, 1} and (4, 3) in seen
+        pool = pools.offered_pool(world.tasks[question])
+        workers = {step.worker for step in parse_workflow(text, pool, 5).steps}  # raises on an id not offered
+        seen |= {(pool, worker) for worker in workers}
+    # pools (0..5), (1, 3, 5) and (2, 5): each question's workflows name its own ids, and every one of them
+    assert {(pool, worker) for pool in {p for p, _ in seen} for worker in pool} == seen
+    assert {p for p, _ in seen} == {(0, 1, 2, 3, 4, 5), (1, 3, 5), (2, 5)}
     with pytest.raises(ValueError, match="some questions offer fewer"):
         teachers.template_examples(environment, 4, random.Random(0), TeacherConfig(all_routes=True))
