@@ -10,7 +10,9 @@ import threading
 from typing import Any, Sequence
 
 from conductor.advantages import ROUTE
+from conductor.id_mask import OfferedIdsMask
 from env.gym_env import ConductorEnv, Scored
+from env.pools import offered_ids
 from env.workflow import AccessMode, Step, Workflow, render_workflow
 from models.tokenizer import render_chat
 from rl.loop import Rollout
@@ -87,6 +89,7 @@ class TokenizedConductorEnv:
         self.num_questions = len(self.tasks)
         self.question_labels = [task.task_label for task in self.tasks]
         self._prompts: dict[int, list[int]] = {}
+        self._masks: dict[tuple[int, ...], OfferedIdsMask] = {}
         self._tokenizer_lock = threading.RLock()
 
     @functools.cached_property
@@ -106,6 +109,14 @@ class TokenizedConductorEnv:
                 observation = self.env.observation(self.tasks[question])
                 self._prompts[question] = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
             return self._prompts[question]
+
+    def token_mask(self, question: int) -> OfferedIdsMask:
+        """The mask that keeps the question's model ids among those it offers (`conductor.id_mask`); questions offered
+        the same pool share one."""
+        ids = offered_ids(self.tasks[question], len(self.env.world.pool))
+        if ids not in self._masks:
+            self._masks[ids] = OfferedIdsMask(self.tokenizer, ids)
+        return self._masks[ids]
 
     def decode(self, token_ids: Sequence[int]) -> str:
         with self._tokenizer_lock:

@@ -49,6 +49,7 @@ _GAP_CHARS = " \t\r\n*`"
 _FENCE_LANGUAGES = ("python", "json", "py")
 _MAX_GAP = 64
 _MAX_NESTING = 3
+_ID_IN_PROGRESS_RE = re.compile(r"[0-9]*[ \t\r\n]*")
 _MODEL_NAME_RE = re.compile(r"^\s*model[ _]?(?:id)?\s*", re.IGNORECASE)
 # Bounds that keep the worst case small: each label occurrence costs at most one scan of one list's length.
 _MAX_LABEL_OCCURRENCES = 64
@@ -193,6 +194,30 @@ def model_ids(pool: int | Sequence[int]) -> tuple[int, ...]:
             or len(set(ids)) != len(ids)):
         raise ValueError(f"a pool's model ids are distinct ints >= 0, got {ids!r}")
     return tuple(sorted(ids))
+
+
+def model_id_in_progress(text: str) -> str | None:
+    """Where a completion written so far ends inside its last `model_id` list at an id (after `[` or `,` and any
+    spaces, in the id's digits or in spaces after them), that id's text so far: "" before its first digit, "12" or
+    "12 " in or after it; None elsewhere.
+
+    Decoding uses it to allow only the offered ids (`conductor.id_mask`); it reads the label as the parser does. Only
+    the last `_MAX_LIST_CHARS` characters are read, so a call's work is bounded.
+    """
+    tail = _strip_think(text[-_MAX_LIST_CHARS:])
+    last = None
+    for last in _LABEL_RE.finditer(tail):
+        pass
+    if last is None or last.group(1).lower() != "model_id":
+        return None
+    opening = _list_start(tail, last.end())
+    if opening is None:
+        return None
+    inside = tail[opening + 1:]
+    if "]" in inside or "[" in inside:
+        return None
+    item = inside.rsplit(",", 1)[-1].lstrip()
+    return item if _ID_IN_PROGRESS_RE.fullmatch(item) else None
 
 
 def check_settings(pool_size: int, max_steps: int, access_mode: str) -> None:

@@ -92,7 +92,8 @@ def greedy_eval(generator: Generator, tokenizer: Any, sampling: SamplingParams) 
     non-stopping small Conductor for 1024 steps."""
     eval_env = build_env(environment_flags.from_flags(_EVAL_TASKS.value))
     outcomes = conductor_outcomes(generator, TokenizedConductorEnv(eval_env, tokenizer),
-                                  dataclasses.replace(sampling, temperature=0.0), repeats=1)
+                                  dataclasses.replace(sampling, temperature=0.0), repeats=1,
+                                  mask_unoffered_ids=sampling_flags.MASK_UNOFFERED_IDS.value)
     summary = summarize(outcomes, [worker.name for worker in eval_env.world.pool])
     if eval_env.world.orchestration is not None:
         summary.update(orchestration_figures(eval_env.world.orchestration, eval_env.world.tasks, outcomes))

@@ -9,6 +9,8 @@ from typing import Sequence
 
 import torch
 
+from rollout.types import TokenConstraint
+
 # A random stream for the whole batch, or one per row (`row_generators`).
 Generators = torch.Generator | Sequence[torch.Generator] | None
 
@@ -22,6 +24,37 @@ def sampler_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     if temperature not in (0.0, 1.0):
         scaled = scaled / temperature
     return torch.log_softmax(scaled, dim=-1)
+
+
+def constrain_logprobs(logprobs: torch.Tensor, constraints: Sequence[TokenConstraint | None]) -> torch.Tensor:
+    """Log-probs `[N, V]` renormalised, row by row, over the tokens each row's constraint allows (None: the row as it
+    is): the distribution a constrained row samples from, and the one whose log-probs it reports.
+
+    Raises if a constraint leaves a row nothing to write (every allowed token outside the vocabulary or of
+    probability zero), rather than sampling from an empty distribution.
+    """
+    if len(constraints) != logprobs.shape[0]:
+        raise ValueError(f"{len(constraints)} constraints for {logprobs.shape[0]} rows")
+    if all(constraint is None for constraint in constraints):
+        return logprobs
+    allowed = torch.ones(logprobs.shape, dtype=torch.bool, device=logprobs.device)
+    vocab = logprobs.shape[-1]
+    for row, constraint in enumerate(constraints):
+        if constraint is None:
+            continue
+        ids = torch.tensor([t for t in constraint.token_ids if 0 <= t < vocab], dtype=torch.long)
+        if constraint.only:
+            allowed[row] = False
+            allowed[row, ids.to(logprobs.device)] = True
+        else:
+            allowed[row, ids.to(logprobs.device)] = False
+    masked = logprobs.masked_fill(~allowed, float("-inf"))
+    normaliser = torch.logsumexp(masked, dim=-1, keepdim=True)
+    empty = torch.isneginf(normaliser).squeeze(-1)
+    if bool(empty.any()):
+        row = int(torch.nonzero(empty)[0])
+        raise ValueError(f"row {row}: its token constraint {constraints[row]} leaves no token to write")
+    return masked - normaliser
 
 
 def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:

@@ -54,7 +54,7 @@ from rollout.transport import (
     rendezvous_url,
     write_checkpoint,
 )
-from rollout.types import Completion, SamplingParams
+from rollout.types import Completion, SamplingParams, TokenMask
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 # The dtypes weights travel in, by SGLang's names; its server args also spell float16 'half' and float32 'float'.
@@ -400,10 +400,15 @@ class SGLangGenerator:
         return status
 
     def generate(
-        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, n: int
+        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, n: int,
+        token_masks: Sequence[TokenMask | None] | None = None,
     ) -> list[list[Completion]]:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        if token_masks is not None and any(mask is not None for mask in token_masks):
+            # SGLang constrains decoding by a grammar given up front (regex, EBNF, JSON schema), not by a callback
+            # per step: a token mask would have to be compiled into one.
+            raise ValueError("SGLangGenerator cannot apply token masks; decode with the in-process torch generator")
         prompts = [[int(t) for t in prompt] for prompt in prompt_ids]
         for index, prompt in enumerate(prompts):
             if not prompt:

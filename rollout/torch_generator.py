@@ -8,9 +8,9 @@ from typing import Any, Mapping, Sequence
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from rollout.sampling import row_generators, sample_next_tokens, sampler_logprobs
+from rollout.sampling import constrain_logprobs, row_generators, sample_next_tokens, sampler_logprobs
 from rollout.transport import as_torch
-from rollout.types import Completion, SamplingParams
+from rollout.types import Completion, SamplingParams, TokenMask
 
 
 def _model_eos_token_ids(model: PreTrainedModel) -> set[int]:
@@ -37,6 +37,7 @@ class TorchGenerator:
     the same way), so the prefill costs one row per prompt, not per completion.
     A sequence stops at any of `params.stop_token_ids` or the model's own EOS ids (as SGLang and `model.generate`
     do); the stop token is kept in the completion with its log-prob, so the learner also learns to stop.
+    A prompt's `token_masks` entry constrains each of its rows' steps (`rollout.sampling.constrain_logprobs`).
     """
 
     def __init__(
@@ -63,12 +64,15 @@ class TorchGenerator:
         self._params_by_name = dict(model.named_parameters(remove_duplicate=False))
 
     def generate(
-        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, n: int
+        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, n: int,
+        token_masks: Sequence[TokenMask | None] | None = None,
     ) -> list[list[Completion]]:
         """Samples `n` completions for every prompt; result[i][j] is the j-th completion of prompt i."""
         model = self._live_model()
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        if token_masks is not None and len(token_masks) != len(prompt_ids):
+            raise ValueError(f"{len(token_masks)} token masks for {len(prompt_ids)} prompts")
         prompts = [tuple(int(t) for t in prompt) for prompt in prompt_ids]
         for index, prompt in enumerate(prompts):
             if not prompt:
@@ -77,7 +81,7 @@ class TorchGenerator:
             return []
         rows = [prompt for prompt in prompts for _ in range(n)]
         with torch.inference_mode():
-            tokens, logprobs, lengths, stopped = self._decode(model, prompts, n, params)
+            tokens, logprobs, lengths, stopped = self._decode(model, prompts, n, params, token_masks)
         completions = [
             Completion(
                 prompt_ids=row,
@@ -91,7 +95,8 @@ class TorchGenerator:
         return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _decode(
-        self, model: PreTrainedModel, prompts: list[tuple[int, ...]], n: int, params: SamplingParams
+        self, model: PreTrainedModel, prompts: list[tuple[int, ...]], n: int, params: SamplingParams,
+        token_masks: Sequence[TokenMask | None] | None = None,
     ) -> tuple[list[list[int]], list[list[float]], list[int], list[bool]]:
         """Row `i * n + j` is prompt i's j-th completion."""
         num_rows, prompt_len = len(prompts) * n, max(len(prompt) for prompt in prompts)
@@ -127,8 +132,16 @@ class TorchGenerator:
         finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
         lengths = torch.full((num_rows,), params.max_new_tokens, dtype=torch.long, device=self.device)
         step_tokens, step_logprobs = [], []
+        row_masks = None if token_masks is None else [token_masks[row // n] for row in range(num_rows)]
+        written: list[list[int]] = [[] for _ in range(num_rows)]
         for step in range(params.max_new_tokens):
             logprobs = sampler_logprobs(logits, params.temperature)
+            if row_masks is not None:
+                done = finished.tolist()
+                logprobs = constrain_logprobs(logprobs, [
+                    None if mask is None or done[row] else mask.constraint(written[row])
+                    for row, mask in enumerate(row_masks)
+                ])
             token = sample_next_tokens(
                 logprobs, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator
             )
@@ -136,6 +149,9 @@ class TorchGenerator:
             logprob = logprobs.gather(-1, token[:, None]).squeeze(-1)
             step_tokens.append(token)
             step_logprobs.append(logprob)
+            if row_masks is not None:
+                for row, value in enumerate(token.tolist()):
+                    written[row].append(value)
             just_stopped = torch.isin(token, stop_ids) & ~finished
             lengths = torch.where(just_stopped, step + 1, lengths)
             finished |= just_stopped

@@ -53,11 +53,34 @@ class Completion:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenConstraint:
+    """Which next tokens a decoding step may write: `only` these ids, or any token except them (`only=False`)."""
+
+    token_ids: tuple[int, ...]
+    only: bool
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", tuple(sorted({int(t) for t in self.token_ids})))
+        if self.only and not self.token_ids:
+            raise ValueError("a constraint that allows only an empty set of tokens leaves nothing to write")
+
+
+class TokenMask(Protocol):
+    """A grammar over one prompt's completions: the constraint on the next token given the completion so far (None:
+    any token). A generator samples from the distribution renormalised over the allowed tokens and reports that
+    distribution's log-probs."""
+
+    def constraint(self, completion_ids: Sequence[int]) -> TokenConstraint | None: ...
+
+
 class Generator(Protocol):
-    """A rollout engine: samples `n` completions per prompt and accepts new weights by name."""
+    """A rollout engine: samples `n` completions per prompt and accepts new weights by name. `token_masks`, one per
+    prompt (None: unconstrained), constrain its decoding where the engine supports it."""
 
     def generate(
-        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, n: int
+        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, n: int,
+        token_masks: Sequence[TokenMask | None] | None = None,
     ) -> list[list[Completion]]: ...
 
     def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None: ...

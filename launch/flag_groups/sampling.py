@@ -19,6 +19,14 @@ _FIELDS = {
 }
 
 
+MASK_UNOFFERED_IDS = flags.DEFINE_boolean(
+    "mask_unoffered_ids", False,
+    "The greedy evaluation (launch.train's --eval_tasks, launch.eval) decodes each model id only among the ids the "
+    "question offers (conductor.id_mask): the Conductor's first choice among the offered workers. Training samples "
+    "without the mask: the learner does not compute log-probs under it.",
+)
+
+
 def from_flags(
     trained_conductor: pathlib.Path | None = None, default_temperature: float | None = None
 ) -> SamplingParams:

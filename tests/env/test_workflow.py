@@ -14,6 +14,7 @@ from env.workflow import (
     Step,
     Workflow,
     WorkflowFormatError,
+    model_id_in_progress,
     parse_workflow,
     render_workflow,
 )
@@ -347,3 +348,21 @@ def test_final_step_reads_every_step_follows_the_access_lists_through_earlier_st
 
 def test_an_empty_workflow_reads_nothing():
     assert not Workflow(steps=()).final_step_reads_every_step
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Plan.\nmodel_id = [", ""),
+    ("model_id=[0, 1", "1"),
+    ('"model_id": [12,  ', ""),
+    ("**model_id**:\n```python\n[3", "3"),
+    ("model_id = [3 ", "3 "),
+    ("model_id = [3]", None),
+    ("model_id = [3]\nsubtasks = [", None),
+    ("model_id = ['W", None),
+    ("model_id = [3, x", None),
+    ("no list yet", None),
+    ("<think>model_id = [</think>Plan.", None),
+    ("model_id = [0]\nsubtasks = [\"a\"]\nmodel_id = [2, ", ""),
+])
+def test_model_id_in_progress_is_the_id_being_written_where_the_parser_reads_one(text, expected):
+    assert model_id_in_progress(text) == expected

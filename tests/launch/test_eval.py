@@ -271,7 +271,7 @@ class RoutingGenerator:
         ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
         return [Completion(tuple(prompt), ids, (0.0,) * len(ids), "stop", 0)]
 
-    def generate(self, prompt_ids, params, n):
+    def generate(self, prompt_ids, params, n, token_masks=None):
         groups = [self.routed(prompt, (self.prompts_seen + index) % 7) for index, prompt in enumerate(prompt_ids)]
         self.prompts_seen += len(prompt_ids)
         return groups
@@ -299,7 +299,7 @@ class SeededGenerator(RoutingGenerator):
     """A stand-in sampler that, like the torch generator, draws each row from the call's seed: row i of a call
     routes to a worker drawn by `default_rng([seed, i])`."""
 
-    def generate(self, prompt_ids, params, n):
+    def generate(self, prompt_ids, params, n, token_masks=None):
         return [
             self.routed(prompt, int(np.random.default_rng([params.seed, i]).integers(7)))
             for i, prompt in enumerate(prompt_ids)
@@ -345,7 +345,7 @@ class ScriptedConductor:
         self.calls: list[tuple[SamplingParams, int, int]] = []  # (params, prompts, n)
         self.prompts: list[str] = []
 
-    def generate(self, prompt_ids, params, n):
+    def generate(self, prompt_ids, params, n, token_masks=None):
         self.calls.append((params, len(prompt_ids), n))
         groups = []
         for prompt in prompt_ids:

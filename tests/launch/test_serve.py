@@ -54,7 +54,7 @@ class ScriptedGenerator:
         self.closed = False
         self._lock = threading.Lock()
 
-    def generate(self, prompt_ids, params, n):
+    def generate(self, prompt_ids, params, n, token_masks=None):
         with self._lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)

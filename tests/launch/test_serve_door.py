@@ -273,7 +273,7 @@ def test_every_malformed_body_is_a_4xx_that_quotes_little(tokenizer, raw, status
 
 def test_an_unexpected_failure_is_a_500_that_names_the_request_and_hides_the_internals(tokenizer, caplog):
     class BrokenGenerator(ScriptedGenerator):
-        def generate(self, prompt_ids, params, n):
+        def generate(self, prompt_ids, params, n, token_masks=None):
             raise RuntimeError("disk /srv/secret/weights.bin unreadable")
 
     service = ConductorService(BrokenGenerator(tokenizer, "x"), tokenizer, [CancellableWorker("w")])

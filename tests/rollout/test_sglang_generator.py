@@ -186,6 +186,9 @@ def test_bad_input_and_config_are_rejected(fakes, tmp_path):
         generator.generate([[1]], SamplingParams(), n=0)
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         generator.generate([[1], []], SamplingParams(), n=1)
+    with pytest.raises(ValueError, match="cannot apply token masks"):
+        generator.generate([[1]], SamplingParams(), n=1, token_masks=[object()])
+    assert "/generate" not in fakes[0].paths()  # refused before any request
     with pytest.raises(ValueError, match="at least one server"):
         SGLangConfig(urls=(), checkpoint_root="/tmp")
     with pytest.raises(ValueError, match="http"):

@@ -7,9 +7,9 @@ import pytest
 import torch
 import transformers
 
-from rollout.sampling import filter_logits, inverse_cdf_draw
+from rollout.sampling import constrain_logprobs, filter_logits, inverse_cdf_draw
 from rollout.torch_generator import TorchGenerator
-from rollout.types import SamplingParams
+from rollout.types import SamplingParams, TokenConstraint
 from tests.tiny_models import tiny_hf_model_dir
 
 PROMPTS = [[5, 17, 33, 9], [100, 7], [64, 65, 66]]
@@ -209,3 +209,67 @@ def test_inverse_cdf_draw_samples_the_distribution_and_never_a_zero_probability_
     # Three standard errors of a Bernoulli frequency with p <= 0.5 over 20,000 draws is about 0.011.
     np.testing.assert_allclose(frequencies.numpy(), probs.double().numpy(), atol=0.011)
     assert frequencies[0, [0, 2, 5]].sum() == 0 and frequencies[1, 5] == 1
+
+
+class EvenAfterOdd:
+    """A grammar over a prompt's completions: after a token of odd id, only even tokens below 40; else anything but
+    tokens 0-9."""
+
+    def __init__(self):
+        self.calls = []
+
+    def constraint(self, completion_ids):
+        self.calls.append(tuple(completion_ids))
+        if completion_ids and completion_ids[-1] % 2:
+            return TokenConstraint(tuple(range(0, 40, 2)), only=True)
+        return TokenConstraint(tuple(range(10)), only=False)
+
+
+def test_constrain_logprobs_renormalises_each_row_over_its_allowed_tokens_as_numpy_does():
+    logprobs = torch.log_softmax(torch.randn(3, 12, generator=torch.Generator().manual_seed(0)), -1)
+    constraints = [TokenConstraint((2, 5, 7), only=True), None, TokenConstraint((0, 1, 11), only=False)]
+    masked = constrain_logprobs(logprobs, constraints).numpy()
+    reference = logprobs.numpy().astype(np.float64)
+    for row, keep in ((0, [2, 5, 7]), (2, [t for t in range(12) if t not in (0, 1, 11)])):
+        expected = np.full(12, -np.inf)
+        expected[keep] = reference[row, keep] - np.log(np.exp(reference[row, keep]).sum())
+        np.testing.assert_allclose(masked[row], expected, atol=1e-6)
+    np.testing.assert_array_equal(masked[1], logprobs[1].numpy())
+    with pytest.raises(ValueError, match="leaves no token"):
+        constrain_logprobs(logprobs, [TokenConstraint((99,), only=True), None, None])
+    with pytest.raises(ValueError, match="2 constraints for 3 rows"):
+        constrain_logprobs(logprobs, [None, None])
+    with pytest.raises(ValueError, match="empty set"):
+        TokenConstraint((), only=True)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 2.0])
+def test_token_masks_constrain_every_step_and_logprobs_are_the_masked_distributions(model_dir, temperature):
+    generator = TorchGenerator(model_dir)
+    mask = EvenAfterOdd()
+    params = SamplingParams(temperature=temperature, max_new_tokens=10, seed=1)
+    groups = generator.generate(PROMPTS, params, n=2, token_masks=[mask, None, mask])
+    unconstrained_first = groups[1][0]
+    for prompt, group, masked in zip(PROMPTS, groups, (True, False, True)):
+        for completion in group:
+            tokens = list(completion.completion_ids)
+            full = reference_logprobs(generator.model, prompt, tokens, temperature or 1.0)
+            expected = []
+            for step, token in enumerate(tokens):
+                constraint = EvenAfterOdd().constraint(tokens[:step]) if masked else None
+                if constraint is None:
+                    expected.append(float(full[step]))
+                    continue
+                allowed = [t for t in range(generator.model.config.vocab_size)
+                           if (t in constraint.token_ids) == constraint.only]
+                assert token in allowed
+                ids = torch.tensor([list(prompt) + tokens[:step]])
+                with torch.no_grad():
+                    logits = generator.model(ids).logits[0, -1].float() / (temperature or 1.0)
+                expected.append(float(logits[token] - torch.logsumexp(logits[allowed], -1)))
+            np.testing.assert_allclose(completion.logprobs, expected, atol=1e-4)
+    if temperature == 0:  # masks on other prompts leave an unmasked prompt's greedy completion as it is alone
+        assert unconstrained_first.completion_ids == generator.generate([PROMPTS[1]], params, n=1)[0][0].completion_ids
+    assert mask.calls and all(len(call) < 10 for call in mask.calls)
+    with pytest.raises(ValueError, match="1 token masks for 3 prompts"):
+        generator.generate(PROMPTS, params, n=1, token_masks=[mask])
