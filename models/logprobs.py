@@ -22,6 +22,8 @@ import jax.numpy as jnp
 from models.transformer import Transformer
 
 DEFAULT_CHUNK_SIZE = 256
+# What a position's constraint ids mean (`token_logprobs`): none, the only tokens allowed, the tokens not allowed.
+UNCONSTRAINED, ONLY, ALL_BUT = 0, 1, 2
 
 
 def _vocab_major_entropy(logits: jax.Array, log_normaliser: jax.Array) -> jax.Array:
@@ -51,6 +53,8 @@ def token_logprobs(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     return_entropy: bool = False,
     entropy_gradient: bool = True,
+    constraint_ids: jax.Array | None = None,
+    constraint_kinds: jax.Array | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """`log_softmax(logits / temperature)[b, t, targets[b, t]]` as float32 `[B, T]`.
 
@@ -58,6 +62,15 @@ def token_logprobs(
     `return_entropy`, also returns the entropy of the same tempered distribution at each position; with
     `entropy_gradient=False` that entropy is a constant to autodiff (a logged metric), so no backward pass runs
     through its vocabulary-wide terms.
+
+    With `constraint_ids` (int32 `[B, T, K]`, -1: padding) and `constraint_kinds` (`[B, T]`: `UNCONSTRAINED`, `ONLY`,
+    `ALL_BUT`), a constrained position's log-prob is that of the distribution renormalised over its allowed tokens,
+    as a masked sampler drew it (`rollout.sampling.constrain_logprobs`):
+
+        ONLY S:    z_target - logsumexp_{v in S} z_v
+        ALL_BUT S: z_target - log(sum_v exp(z_v) - sum_{v in S} exp(z_v))
+
+    The entropy stays that of the whole tempered distribution.
     """
     if hidden.ndim != 3:
         raise ValueError(f"hidden must be [batch, time, hidden], got shape {hidden.shape}")
@@ -68,6 +81,15 @@ def token_logprobs(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 
+    constrained = constraint_ids is not None
+    if constrained != (constraint_kinds is not None):
+        raise ValueError("constraint_ids and constraint_kinds come together")
+    if constrained and (constraint_ids.shape[:2] != targets.shape or constraint_kinds.shape != targets.shape):
+        raise ValueError(
+            f"constraints must have shapes {targets.shape} + (K,) and {targets.shape}, got {constraint_ids.shape} "
+            f"and {constraint_kinds.shape}"
+        )
+
     batch, length, width = hidden.shape
     chunk = min(chunk_size, length)
     num_chunks = -(-length // chunk)
@@ -77,8 +99,31 @@ def token_logprobs(
     # Chunks lead so that `scan` walks over them: [num_chunks, B, chunk, ...].
     hidden_chunks = hidden.reshape(batch, num_chunks, chunk, width).swapaxes(0, 1)
     target_chunks = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
+    if constrained:
+        listed = constraint_ids.shape[2]
+        ids = jnp.pad(constraint_ids.astype(jnp.int32), ((0, 0), (0, padding), (0, 0)), constant_values=-1)
+        kinds = jnp.pad(constraint_kinds.astype(jnp.int32), ((0, 0), (0, padding)))
+        constraint_chunks = (
+            ids.reshape(batch, num_chunks, chunk, listed).swapaxes(0, 1),
+            kinds.reshape(batch, num_chunks, chunk).swapaxes(0, 1),
+        )
+    else:
+        constraint_chunks = (jnp.zeros((num_chunks, 0)), jnp.zeros((num_chunks, 0)))
 
-    def chunk_stats(hidden_chunk: jax.Array, target_chunk: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def constrained_normaliser(logits, ids_chunk, kinds_chunk):
+        """The log-normaliser over each column's allowed tokens (`logits` [vocab, tokens]). Taken over the allowed
+        logits themselves, not as the whole mass less the listed one: that difference loses float32's digits
+        where the listed tokens hold almost all of it."""
+        ids = ids_chunk.reshape(-1, ids_chunk.shape[-1]).T  # [K, tokens]
+        columns = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+        listed = jnp.zeros(logits.shape, bool).at[jnp.maximum(ids, 0), columns].max(ids >= 0)
+        kinds = kinds_chunk.reshape(-1)[None]
+        allowed = jnp.where(kinds == ONLY, listed, jnp.where(kinds == ALL_BUT, ~listed, True))
+        return jax.nn.logsumexp(jnp.where(allowed, logits, -jnp.inf), axis=0)
+
+    def chunk_stats(
+        hidden_chunk: jax.Array, target_chunk: jax.Array, ids_chunk: jax.Array, kinds_chunk: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
         # The chunk's tokens as columns of [vocab, B * chunk] logits: every reduction below runs over axis 0.
         # 1/temperature scales the [tokens, hidden] operand, not the [vocab, tokens] logits: one pass over the
         # vocabulary-sized array fewer, forward and backward.
@@ -87,7 +132,10 @@ def token_logprobs(
         log_normaliser = jax.nn.logsumexp(logits, axis=0)
         # The target's logit from its own weight row, not gathered from `logits`: a gather's gradient would be a
         # scatter into a zeroed [vocab, tokens] array, one more pass over it in the backward.
-        logp = model.token_logits(scaled_hidden, target_chunk.reshape(-1)).astype(jnp.float32) - log_normaliser
+        target_normaliser = log_normaliser
+        if constrained:
+            target_normaliser = constrained_normaliser(logits, ids_chunk, kinds_chunk)
+        logp = model.token_logits(scaled_hidden, target_chunk.reshape(-1)).astype(jnp.float32) - target_normaliser
         if not return_entropy:
             return logp.reshape(target_chunk.shape), jnp.zeros(target_chunk.shape, jnp.float32)
         if not entropy_gradient:
@@ -96,14 +144,17 @@ def token_logprobs(
         return logp.reshape(target_chunk.shape), entropy.reshape(target_chunk.shape)
 
     if num_chunks == 1:
-        logp, entropy = jax.tree.map(lambda x: x[None], chunk_stats(hidden_chunks[0], target_chunks[0]))
+        logp, entropy = jax.tree.map(
+            lambda x: x[None],
+            chunk_stats(hidden_chunks[0], target_chunks[0], constraint_chunks[0][0], constraint_chunks[1][0]),
+        )
     else:
         rematerialised_stats = jax.checkpoint(chunk_stats)
 
-        def step(carry: None, chunk_inputs: tuple[jax.Array, jax.Array]) -> tuple[None, tuple[jax.Array, jax.Array]]:
+        def step(carry: None, chunk_inputs: tuple[jax.Array, ...]) -> tuple[None, tuple[jax.Array, jax.Array]]:
             return carry, rematerialised_stats(*chunk_inputs)
 
-        _, (logp, entropy) = jax.lax.scan(step, None, (hidden_chunks, target_chunks))
+        _, (logp, entropy) = jax.lax.scan(step, None, (hidden_chunks, target_chunks, *constraint_chunks))
 
     def unchunk(values: jax.Array) -> jax.Array:
         return values.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]

@@ -215,6 +215,8 @@ class ModelRows:
     positions: jax.Array
     attention_mask: jax.Array
     source: jax.Array
+    constraint_ids: jax.Array | None = None  # `Trajectories.constraint_ids` of these rows
+    constraint_kinds: jax.Array | None = None
     prompt_block: int = struct.field(pytree_node=False, default=1)
 
 
@@ -228,6 +230,7 @@ def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: i
     predicting = completion_predictors(
         model, rows.tokens, rows.positions, rows.attention_mask, completion_start, rows.prompt_block
     )
+    constrained = rows.constraint_ids is not None
     values = token_logprobs(
         model,
         predicting,
@@ -236,6 +239,8 @@ def _forward(graphdef, params, other_state, rows: ModelRows, completion_start: i
         chunk_size=config.logprob_chunk_size,
         return_entropy=True,
         entropy_gradient=config.loss.entropy_coef > 0,
+        constraint_ids=rows.constraint_ids[:, completion_start:] if constrained else None,
+        constraint_kinds=rows.constraint_kinds[:, completion_start:] if constrained else None,
     )
     logprobs, entropy = jax.tree.map(lambda x: jnp.pad(x[rows.source], ((0, 0), (completion_start, 0))), values)
     if token_positions is None:
@@ -481,7 +486,12 @@ class Learner:
         self._raise_floors(distinct=run.size * block // batch.batch_size)
         columns = (batch.tokens, batch.positions, batch.attention_mask)
         tokens, positions, attention_mask = (np.asarray(array)[run] for array in columns)
-        return self._place(ModelRows(tokens, positions, attention_mask, source.astype(np.int32), prompt_block))
+        constraints = {}
+        if batch.constraint_ids is not None:
+            constraints = {"constraint_ids": np.asarray(batch.constraint_ids)[run],
+                           "constraint_kinds": np.asarray(batch.constraint_kinds)[run]}
+        return self._place(ModelRows(tokens, positions, attention_mask, source.astype(np.int32),
+                                     prompt_block=prompt_block, **constraints))
 
     def _step(self, mini_batch: Trajectories, real_rows: int, *, first_step: bool) -> _Step | None:
         """The rows of `mini_batch` (its first `real_rows` real, the rest padding) its optimizer step runs (None:

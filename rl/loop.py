@@ -85,7 +85,9 @@ class Environment(Protocol):
     estimators that take labels (grpo's `std_scaling="label"`), by transforms that read them and by auxiliary terms
     that read the row label `QUESTION_LABEL`. The asynchronous pipeline (`LoopConfig.max_staleness`) scores each
     group on its event loop with `score_async(questions, completions, contexts, sample_ids)`, a coroutine taking and
-    returning what `score` does, where the environment has one (else `score`, from several threads at once)."""
+    returning what `score` does, where the environment has one (else `score`, from several threads at once).
+    `LoopConfig.mask_tokens` samples each question under `token_mask(question)` (a `rollout.types.TokenMask` or
+    None), which only then is needed."""
 
     num_questions: int
     question_labels: Sequence[str] | None
@@ -107,9 +109,12 @@ class Environment(Protocol):
 
 
 class Sampler(Protocol):
-    """A `rollout.types.Generator`: completions carry completion_ids, logprobs, finish_reason, policy_version."""
+    """A `rollout.types.Generator`: completions carry completion_ids, logprobs, finish_reason, policy_version, and,
+    sampled under `token_masks`, the constraint of each token."""
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], params: Any, n: int) -> list[list[Any]]: ...
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], params: Any, n: int, token_masks: Sequence[Any] | None = None
+    ) -> list[list[Any]]: ...
 
 
 WeightSync = Callable[[Any, int], None]  # (live nnx model, new policy version) -> pushes weights to generators
@@ -150,6 +155,10 @@ class LoopConfig:
     takes the groups whose rewards differ as they become ready, keeping the agreeing ones aside, until it holds
     `questions_per_iteration` of them or has taken `max_sampling_rounds` x that many groups; then the agreeing ones
     kept aside, earliest ready first, and past them any group, fill it. Each process fills its own share.
+
+    `mask_tokens`: every completion is sampled under its question's `Environment.token_mask` (invalid-action masking),
+    and the learner computes each token's log-prob under the constraint it was sampled with, so the sampler and the
+    learner score one policy, the masked one (`rl.trajectories.Trajectories.constraint_ids`).
     """
 
     iterations: int
@@ -168,6 +177,7 @@ class LoopConfig:
     length_buckets: tuple[int, ...] = trajectories.DEFAULT_LENGTH_BUCKETS
     headline_metrics: tuple[str, ...] = ()
     max_staleness: int = 0
+    mask_tokens: bool = False
 
     def __post_init__(self) -> None:
         if self.iterations < 1:
@@ -372,7 +382,8 @@ class TrainingLoop:
         if not prompts:
             return _Sampled([], [], [], [])
         started = time.perf_counter()
-        groups = self.sampler.generate(prompts, dataclasses.replace(self.sampling_params, seed=seed + first_row), n)
+        groups = self.sampler.generate(prompts, dataclasses.replace(self.sampling_params, seed=seed + first_row), n,
+                                       token_masks=self._token_masks(questions))
         scored = time.perf_counter()
         completions = [completion for group in groups for completion in group]
         row_questions = [q for q in questions for _ in range(n)]
@@ -383,6 +394,9 @@ class TrainingLoop:
         times["generate"] = times.get("generate", 0.0) + scored - started
         times["score"] = times.get("score", 0.0) + time.perf_counter() - scored
         return _Sampled(row_questions, group_ids, completions, rollouts)
+
+    def _token_masks(self, questions: Sequence[int]) -> list[Any] | None:
+        return [self.environment.token_mask(q) for q in questions] if self.config.mask_tokens else None
 
     def _sample_groups(self, position: int, times: dict[str, float]) -> list[_Sampled]:
         """Every round of the episodes of questions `position ..` of the stream, one group per question, sampled,
@@ -484,6 +498,7 @@ class TrainingLoop:
                 group_ids,
                 pad_id=self.pad_id,
                 length_buckets=config.length_buckets,
+                token_constraints=[c.constraints for c in completions] if config.mask_tokens else None,
                 **self._term_extras(row_rollouts, question_labels),
             )
             for token_indices, token_factors in token_scalings:
@@ -698,6 +713,7 @@ class TrainingLoop:
             environment=self.environment, sampler=self.sampler, sampling_params=self.sampling_params,
             group_size=config.group_size, groups_per_round=share, max_staleness=config.max_staleness,
             next_round=next_round, version=lambda: self._generator_version, generator_lock=self._generator_lock,
+            token_masks=self._token_masks,
         ).start()
 
     def _pipelined_iteration(self, pipeline: Pipeline) -> dict[str, float]:

@@ -58,6 +58,7 @@ class Pipeline:
 
     `next_round()` (called on the producer thread, one round at a time) says what to sample; `version()` is the
     policy version of the generator's weights, read under `generator_lock`, which the learner holds while it syncs.
+    `token_masks(questions)` gives the masks a round's prompts are sampled under (`LoopConfig.mask_tokens`).
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class Pipeline:
         next_round: Callable[[], Round],
         version: Callable[[], int],
         generator_lock: threading.Lock,
+        token_masks: Callable[[Sequence[int]], Sequence[Any] | None] = lambda questions: None,
     ):
         if max_staleness < 1:
             raise ValueError(f"the pipeline runs with max_staleness >= 1, got {max_staleness}")
@@ -84,6 +86,7 @@ class Pipeline:
         self._next_round = next_round
         self._version = version
         self.generator_lock = generator_lock
+        self.token_masks = token_masks
         self._ready: queue.Queue[Group | BaseException] = queue.Queue()
         self._slots = threading.Condition()
         self._held = 0  # slots taken by groups sampled and not yet trained or dropped
@@ -153,7 +156,8 @@ class Pipeline:
         with self.generator_lock:
             version = self._version()
             started = time.perf_counter()
-            groups = self.sampler.generate(prompts, params, self.group_size)
+            groups = self.sampler.generate(prompts, params, self.group_size,
+                                           token_masks=self.token_masks(round_.questions))
             self._generate_seconds += time.perf_counter() - started
         for index, (question, completions) in enumerate(zip(round_.questions, groups, strict=True)):
             ids = round_.sample_ids[index * self.group_size : (index + 1) * self.group_size]

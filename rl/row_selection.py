@@ -89,7 +89,10 @@ def distinct_rows(
     batch_size = batch.batch_size
     if block < 1 or rows_per_pass % block or batch_size % rows_per_pass:
         raise ValueError(f"{batch_size} rows do not split into passes of {rows_per_pass} rows in blocks of {block}")
-    row_keys = np.concatenate([np.asarray(batch.tokens), np.asarray(batch.attention_mask)], axis=1)
+    keyed = [batch.tokens, batch.attention_mask]
+    if batch.constraint_ids is not None:  # rows sampled under different constraints have different log-probs
+        keyed += [np.reshape(batch.constraint_ids, (batch_size, -1)), batch.constraint_kinds]
+    row_keys = np.concatenate([np.asarray(array, dtype=np.int32) for array in keyed], axis=1)
     blocks, twin_in_block = [], np.empty(batch_size, dtype=np.int32)
     for start in range(0, batch_size, block):
         position: dict[bytes, int] = {}  # a row's contents -> their place among the block's distinct rows

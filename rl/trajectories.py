@@ -19,11 +19,13 @@ with Conductor prompts of hundreds of tokens and completions of tens, that is mo
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 from flax import struct
+
+from models.logprobs import ALL_BUT, ONLY
 
 DEFAULT_LENGTH_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 DEFAULT_COMPLETION_BUCKETS = tuple(2**k for k in range(14))  # 1 .. 8192
@@ -36,7 +38,10 @@ class Trajectories:
     `old_logprobs` holds the learner's log-probs at sampling time; `build` fills it with the sampler's, and
     `Learner.update` replaces it with its own before optimising. `row_labels` (an int32 [batch] array by name, -1:
     none) and `token_positions` (an int32 [batch] array by name: a completion token index, -1: none) carry what the
-    loss's auxiliary terms read (`rl.auxiliary`); padding rows carry -1 in every one.
+    loss's auxiliary terms read (`rl.auxiliary`); padding rows carry -1 in every one. A batch sampled under token
+    masks carries each token's constraint, which the learner's log-probs apply (`models.logprobs.token_logprobs`):
+    `constraint_ids` int32 [batch, time, K] (-1: padding) and `constraint_kinds` int8 [batch, time]
+    (`models.logprobs.UNCONSTRAINED`, `ONLY`, `ALL_BUT`); None for a batch sampled without.
     """
 
     tokens: jax.Array  # int32
@@ -49,6 +54,8 @@ class Trajectories:
     group_ids: jax.Array  # int32 [batch]
     row_labels: dict[str, jax.Array] = dataclasses.field(default_factory=dict)  # int32 [batch] each
     token_positions: dict[str, jax.Array] = dataclasses.field(default_factory=dict)  # int32 [batch] each
+    constraint_ids: jax.Array | None = None
+    constraint_kinds: jax.Array | None = None
     completion_start: int = struct.field(pytree_node=False, default=1)  # first column that may carry a loss
     length_buckets: tuple[int, ...] = struct.field(pytree_node=False, default=DEFAULT_LENGTH_BUCKETS)
     completion_buckets: tuple[int, ...] = struct.field(pytree_node=False, default=DEFAULT_COMPLETION_BUCKETS)
@@ -134,8 +141,8 @@ class Trajectories:
                 f"columns [{start}, {stop}) of {self.length} do not hold the completion block's start "
                 f"{self.completion_start}"
             )
-        # Every [batch, time] array takes the same columns; the [batch] arrays are untouched.
-        taken = jax.tree.map(lambda array: take_columns(array, start, stop) if array.ndim == 2 else array, self)
+        # Every [batch, time, ...] array takes the same columns; the [batch] arrays are untouched.
+        taken = jax.tree.map(lambda array: take_columns(array, start, stop) if array.ndim >= 2 else array, self)
         return taken.replace(completion_start=self.completion_start - start)
 
     def prompt_block_size(self, rows_per_pass: int) -> int:
@@ -159,12 +166,13 @@ class Trajectories:
 
 
 def take_columns(array, start: int, stop: int) -> np.ndarray:
-    """Columns [start, stop) of a [batch, time] array; a negative `start` puts that many columns of zeros (padding:
-    no attention, no loss, a token id never read) before column 0, a `stop` past the last column that many after
-    it."""
+    """Columns [start, stop) of a [batch, time, ...] array; a negative `start` puts that many columns of zeros
+    (padding: no attention, no loss, a token id never read, no constraint) before column 0, a `stop` past the last
+    column that many after it."""
     array = np.asarray(array)
     taken = array[:, max(start, 0) : stop]
-    return np.pad(taken, ((0, 0), (max(-start, 0), max(stop - array.shape[1], 0))))
+    widths = ((0, 0), (max(-start, 0), max(stop - array.shape[1], 0))) + ((0, 0),) * (array.ndim - 2)
+    return np.pad(taken, widths)
 
 
 def bucket_length(length: int, length_buckets: Sequence[int]) -> int:
@@ -190,13 +198,16 @@ def build(
     completion_buckets: Sequence[int] = DEFAULT_COMPLETION_BUCKETS,
     row_labels: Mapping[str, Sequence[int]] | None = None,
     token_positions: Mapping[str, Sequence[int]] | None = None,
+    token_constraints: Sequence[Sequence[Any]] | None = None,
 ) -> Trajectories:
     """Pad generator output into a `Trajectories` batch (numpy on the host; jit moves it to devices).
 
     prompt_ids[i], completion_ids[i] and sampler_logprobs[i] are row i's token ids and per-completion-token
     log-probs exactly as the generator produced them; advantages[i] and group_ids[i] are per row. `row_labels` are
     ints per row by name (-1: none); `token_positions` per row by name the index of one of its completion tokens
-    (-1: none).
+    (-1: none). `token_constraints[i]`, when given, are the constraints row i's completion tokens were sampled under
+    (each None or a `rollout.types.TokenConstraint`: `token_ids` and `only`; an empty row: none); their id lists are
+    padded to a power of two, at least `MIN_CONSTRAINT_WIDTH`, so the learner sees few shapes.
     """
     batch = len(prompt_ids)
     if batch == 0:
@@ -231,6 +242,12 @@ def build(
                 f"row {row}: token position {name!r} {marked[name][row]} is outside its "
                 f"{completion_lengths[row]}-token completion (-1: none)"
             )
+    if token_constraints is not None:
+        if len(token_constraints) != batch:
+            raise ValueError(f"{batch} prompts but {len(token_constraints)} rows of token constraints")
+        for row, (completion, constraints) in enumerate(zip(completion_ids, token_constraints)):
+            if constraints and len(constraints) != len(completion):
+                raise ValueError(f"row {row}: {len(completion)} completion tokens but {len(constraints)} constraints")
     for row, (prompt, completion, logprobs) in enumerate(zip(prompt_ids, completion_ids, sampler_logprobs)):
         if not prompt:
             raise ValueError(f"row {row}: empty prompt (the first completion token needs a token to predict it)")
@@ -255,6 +272,9 @@ def build(
         attention_mask[row, start:end] = True
         loss_mask[row, prompt_width:end] = True
         logprobs[row, prompt_width:end] = row_logprobs
+    constraint_ids = constraint_kinds = None
+    if token_constraints is not None:
+        constraint_ids, constraint_kinds = _constraint_arrays(token_constraints, prompt_width, length)
     return Trajectories(
         tokens=tokens,
         positions=positions,
@@ -266,7 +286,30 @@ def build(
         group_ids=group_ids,
         row_labels=labels,
         token_positions=marked,
+        constraint_ids=constraint_ids,
+        constraint_kinds=constraint_kinds,
         completion_start=prompt_width,
         length_buckets=tuple(sorted(length_buckets)),
         completion_buckets=tuple(sorted(completion_buckets)),
     )
+
+
+MIN_CONSTRAINT_WIDTH = 16
+
+
+def _constraint_arrays(
+    token_constraints: Sequence[Sequence[Any]], completion_start: int, length: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The [batch, length, K] ids (-1: padding) and [batch, length] kinds of each completion token's constraint."""
+    listed = max((len(c.token_ids) for row in token_constraints for c in row if c is not None), default=1)
+    width = max(MIN_CONSTRAINT_WIDTH, 1 << (listed - 1).bit_length())
+    ids = np.full((len(token_constraints), length, width), -1, dtype=np.int32)
+    kinds = np.zeros((len(token_constraints), length), dtype=np.int8)
+    for row, constraints in enumerate(token_constraints):
+        for index, constraint in enumerate(constraints):
+            if constraint is None:
+                continue
+            column = completion_start + index
+            kinds[row, column] = ONLY if constraint.only else ALL_BUT
+            ids[row, column, : len(constraint.token_ids)] = constraint.token_ids
+    return ids, kinds

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from rollout.sampling import constrain_logprobs, row_generators, sample_next_tokens, sampler_logprobs
 from rollout.transport import as_torch
-from rollout.types import Completion, SamplingParams, TokenMask
+from rollout.types import Completion, SamplingParams, TokenConstraint, TokenMask
 
 
 def _model_eos_token_ids(model: PreTrainedModel) -> set[int]:
@@ -81,7 +81,7 @@ class TorchGenerator:
             return []
         rows = [prompt for prompt in prompts for _ in range(n)]
         with torch.inference_mode():
-            tokens, logprobs, lengths, stopped = self._decode(model, prompts, n, params, token_masks)
+            tokens, logprobs, lengths, stopped, constraints = self._decode(model, prompts, n, params, token_masks)
         completions = [
             Completion(
                 prompt_ids=row,
@@ -89,6 +89,7 @@ class TorchGenerator:
                 logprobs=tuple(logprobs[i][: lengths[i]]),
                 finish_reason="stop" if stopped[i] else "length",
                 policy_version=self.policy_version,
+                constraints=tuple(constraints[i][: lengths[i]]),
             )
             for i, row in enumerate(rows)
         ]
@@ -97,8 +98,8 @@ class TorchGenerator:
     def _decode(
         self, model: PreTrainedModel, prompts: list[tuple[int, ...]], n: int, params: SamplingParams,
         token_masks: Sequence[TokenMask | None] | None = None,
-    ) -> tuple[list[list[int]], list[list[float]], list[int], list[bool]]:
-        """Row `i * n + j` is prompt i's j-th completion."""
+    ) -> tuple[list[list[int]], list[list[float]], list[int], list[bool], list[list[TokenConstraint | None]]]:
+        """Row `i * n + j` is prompt i's j-th completion; its constraints are [] without masks."""
         num_rows, prompt_len = len(prompts) * n, max(len(prompt) for prompt in prompts)
         input_ids = torch.full((len(prompts), prompt_len), self._pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), prompt_len), dtype=torch.long)
@@ -134,14 +135,16 @@ class TorchGenerator:
         step_tokens, step_logprobs = [], []
         row_masks = None if token_masks is None else [token_masks[row // n] for row in range(num_rows)]
         written: list[list[int]] = [[] for _ in range(num_rows)]
+        row_constraints: list[list[TokenConstraint | None]] = [[] for _ in range(num_rows)]
         for step in range(params.max_new_tokens):
             logprobs = sampler_logprobs(logits, params.temperature)
             if row_masks is not None:
                 done = finished.tolist()
-                logprobs = constrain_logprobs(logprobs, [
+                constraints = [
                     None if mask is None or done[row] else mask.constraint(written[row])
                     for row, mask in enumerate(row_masks)
-                ])
+                ]
+                logprobs = constrain_logprobs(logprobs, constraints)
             token = sample_next_tokens(
                 logprobs, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator
             )
@@ -152,6 +155,7 @@ class TorchGenerator:
             if row_masks is not None:
                 for row, value in enumerate(token.tolist()):
                     written[row].append(value)
+                    row_constraints[row].append(constraints[row])
             just_stopped = torch.isin(token, stop_ids) & ~finished
             lengths = torch.where(just_stopped, step + 1, lengths)
             finished |= just_stopped
@@ -169,7 +173,7 @@ class TorchGenerator:
             next_position = next_position + 1
         tokens = torch.stack(step_tokens, dim=1).cpu().tolist()
         logprobs = torch.stack(step_logprobs, dim=1).cpu().tolist()
-        return tokens, logprobs, lengths.cpu().tolist(), finished.cpu().tolist()
+        return tokens, logprobs, lengths.cpu().tolist(), finished.cpu().tolist(), row_constraints
 
     def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
         """Copies tensors (HF names; torch tensors or anything with `__dlpack__`) into the live parameters in place.

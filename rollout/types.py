@@ -37,23 +37,6 @@ class SamplingParams:
 
 
 @dataclasses.dataclass(frozen=True)
-class Completion:
-    """One sampled continuation, in the generator's own token ids (never re-tokenised downstream)."""
-
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    finish_reason: FinishReason
-    policy_version: int
-
-    def __post_init__(self) -> None:
-        if len(self.completion_ids) != len(self.logprobs):
-            raise ValueError(
-                f"{len(self.completion_ids)} completion ids but {len(self.logprobs)} log-probs"
-            )
-
-
-@dataclasses.dataclass(frozen=True)
 class TokenConstraint:
     """Which next tokens a decoding step may write: `only` these ids, or any token except them (`only=False`)."""
 
@@ -64,6 +47,28 @@ class TokenConstraint:
         object.__setattr__(self, "token_ids", tuple(sorted({int(t) for t in self.token_ids})))
         if self.only and not self.token_ids:
             raise ValueError("a constraint that allows only an empty set of tokens leaves nothing to write")
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One sampled continuation, in the generator's own token ids (never re-tokenised downstream). Decoded under a
+    token mask, `constraints` holds the constraint each token was sampled under (None: unconstrained), which the
+    learner applies to its log-probs (`rl.trajectories.build`); () when decoded without one."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    policy_version: int
+    constraints: tuple[TokenConstraint | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.completion_ids) != len(self.logprobs):
+            raise ValueError(
+                f"{len(self.completion_ids)} completion ids but {len(self.logprobs)} log-probs"
+            )
+        if self.constraints and len(self.constraints) != len(self.completion_ids):
+            raise ValueError(f"{len(self.completion_ids)} completion ids but {len(self.constraints)} constraints")
 
 
 class TokenMask(Protocol):

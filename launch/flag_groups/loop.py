@@ -13,7 +13,7 @@ from absl import flags
 
 import conductor
 import conductor.advantages  # noqa: F401  (registers the Conductor's advantage transforms)
-from launch.flag_groups import field_values, renamed, shared  # noqa: F401  (renamed: the old flag names fail)
+from launch.flag_groups import field_values, renamed, sampling, shared  # noqa: F401  (renamed: the old flag names fail)
 from rl.advantages import ESTIMATORS, StdScaling, TransformConfig, Whitening, options_for
 from rl.loop import DynamicSampling, LoopConfig
 
@@ -103,4 +103,5 @@ def from_flags(recursion_rounds: int) -> LoopConfig:
         stratify_questions=shared.STRATIFY_QUESTIONS.value,
         recursion_rounds=recursion_rounds,
         seed=shared.SEED.value,
+        mask_tokens=sampling.MASK_UNOFFERED_IDS.value,
     )

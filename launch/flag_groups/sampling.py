@@ -21,9 +21,9 @@ _FIELDS = {
 
 MASK_UNOFFERED_IDS = flags.DEFINE_boolean(
     "mask_unoffered_ids", False,
-    "The greedy evaluation (launch.train's --eval_tasks, launch.eval) decodes each model id only among the ids the "
-    "question offers (conductor.id_mask): the Conductor's first choice among the offered workers. Training samples "
-    "without the mask: the learner does not compute log-probs under it.",
+    "Invalid-action masking: the Conductor writes each model id only among the ids its question offers "
+    "(conductor.id_mask), in training (the learner's log-probs take the same mask, LoopConfig.mask_tokens) and in "
+    "the greedy evaluation (launch.train's --eval_tasks, launch.eval).",
 )
 
 

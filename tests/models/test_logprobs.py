@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from models import ModelConfig, Transformer
-from models.logprobs import state_entropy, token_logprobs
+from models.logprobs import ALL_BUT, ONLY, UNCONSTRAINED, state_entropy, token_logprobs
 from tests import tiny_models
 from tests.models.conftest import padded_batch
 
@@ -206,3 +206,44 @@ def test_rejects_bad_arguments():
         token_logprobs(model, hidden, targets, chunk_size=0)
     with pytest.raises(ValueError, match="hidden must be"):
         token_logprobs(model, hidden[0], targets)
+
+
+@pytest.mark.parametrize("chunk_size", [3, 64])
+def test_constrained_logprobs_are_those_of_the_distribution_renormalised_over_the_allowed_tokens(chunk_size):
+    model = make_model("llama")
+    hidden, targets = make_inputs(model)
+    rng = np.random.default_rng(0)
+    kinds = rng.choice([UNCONSTRAINED, ONLY, ALL_BUT], size=targets.shape).astype(np.int8)
+    ids = np.full(targets.shape + (8,), -1, dtype=np.int32)
+    for b, t in np.ndindex(targets.shape):
+        listed = rng.choice(VOCAB, size=rng.integers(1, 8), replace=False)
+        target = int(targets[b, t])
+        # ONLY lists the target among its tokens, ALL_BUT leaves it out: the sampled token was allowed.
+        listed = np.append(listed[listed != target], target) if kinds[b, t] == ONLY else listed[listed != target]
+        ids[b, t, : len(listed)] = listed
+    logp = token_logprobs(model, hidden, targets, temperature=0.7, chunk_size=chunk_size,
+                          constraint_ids=jnp.asarray(ids), constraint_kinds=jnp.asarray(kinds))
+    logits = np.asarray(model.logits(hidden), np.float64) / 0.7
+    expected = np.empty(targets.shape)
+    for b, t in np.ndindex(targets.shape):
+        listed = ids[b, t][ids[b, t] >= 0]
+        allowed = {UNCONSTRAINED: np.arange(VOCAB), ONLY: listed,
+                   ALL_BUT: np.setdiff1d(np.arange(VOCAB), listed)}[int(kinds[b, t])]
+        row = logits[b, t]
+        expected[b, t] = row[int(targets[b, t])] - np.log(np.exp(row[allowed] - row.max()).sum()) - row.max()
+    rounding = logit_rounding(model, hidden, 0.7) + VOCAB * 2.0**-24
+    np.testing.assert_allclose(np.asarray(logp), expected, atol=2 * rounding)
+    # A renormalised distribution, not the whole one: no token loses probability, several gain much.
+    gain = np.asarray(logp) - np.asarray(token_logprobs(model, hidden, targets, temperature=0.7))
+    assert (gain > -2 * rounding).all() and (gain[kinds != UNCONSTRAINED] > 1.0).sum() >= 5
+
+    def total(h):
+        return token_logprobs(model, h, targets, chunk_size=chunk_size, constraint_ids=jnp.asarray(ids),
+                              constraint_kinds=jnp.asarray(kinds)).sum()
+
+    assert np.isfinite(np.asarray(jax.grad(total)(hidden))).all()
+    with pytest.raises(ValueError, match="come together"):
+        token_logprobs(model, hidden, targets, constraint_ids=jnp.asarray(ids))
+    with pytest.raises(ValueError, match="constraints must have shapes"):
+        token_logprobs(model, hidden, targets, constraint_ids=jnp.asarray(ids[:, :2]),
+                       constraint_kinds=jnp.asarray(kinds[:, :2]))

@@ -98,7 +98,7 @@ class SeededSampler:
         self.calls = []
         self.varied_logprobs = varied_logprobs
 
-    def generate(self, prompt_ids, params, n):
+    def generate(self, prompt_ids, params, n, token_masks=None):
         self.calls.append((len(prompt_ids), n, params.seed))
         rng = np.random.default_rng(params.seed)
         tokens = [[tuple(int(t) for t in rng.integers(3, 256, 3)) for _ in range(n)] for _ in prompt_ids]

@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 from models.config import ModelConfig
+from models.logprobs import ONLY
 from models.transformer import Transformer
 from rl import advantages, auxiliary
 from rl.auxiliary import TermConfig, TermSpec
@@ -25,7 +26,7 @@ from rl.loop import (
 )
 from rl.losses import LossConfig
 from rl.metrics import MetricsWriter
-from rollout.types import SamplingParams
+from rollout.types import SamplingParams, TokenConstraint
 from tests.rl.helpers import RecordingLearner, SeededSampler
 from tests.tiny_models import tiny_config
 
@@ -223,6 +224,61 @@ def test_each_iteration_updates_syncs_a_new_version_and_advances_the_data():
     first_tokens = first_completion_tokens(batch)
     assert history[0]["reward/mean"] == pytest.approx(np.mean(first_tokens % 2 == 0))
     assert {"time/generate", "time/score", "time/learn", "time/sync", "learner/loss"} <= set(history[0])
+
+
+class OnlyQuestionToken:
+    """Question q's first completion token may only be q + 10; later tokens are free."""
+
+    def __init__(self, question):
+        self.question = question
+
+    def constraint(self, completion_ids):
+        return None if completion_ids else TokenConstraint((self.question + 10,), only=True)
+
+
+class MaskedWorld(ParityWorld):
+    def token_mask(self, question):
+        return OnlyQuestionToken(question)
+
+
+class MaskHonouringSampler(SeededSampler):
+    """SeededSampler's completions with each first token replaced by the one its mask allows, and the constraints
+    recorded on the completion, as a masked generator returns them."""
+
+    def __init__(self):
+        super().__init__()
+        self.masks = []
+
+    def generate(self, prompt_ids, params, n, token_masks=None):
+        self.masks.append(token_masks)
+        groups = super().generate(prompt_ids, params, n)
+        if token_masks is None:
+            return groups
+        masked = []
+        for group, mask in zip(groups, token_masks):
+            constraints = tuple(mask.constraint(group[0].completion_ids[:k]) for k in range(3))
+            masked.append([dataclasses.replace(c, completion_ids=(constraints[0].token_ids[0],) + c.completion_ids[1:],
+                                               constraints=constraints) for c in group])
+        return masked
+
+
+@pytest.mark.parametrize("mask_tokens", [False, True])
+def test_mask_tokens_samples_each_question_under_its_mask_and_the_batch_carries_the_constraints(mask_tokens):
+    sampler = MaskHonouringSampler()
+    loop, _ = make_loop(MaskedWorld(), iterations=1, sampler=sampler, mask_tokens=mask_tokens)
+    loop.run()
+    [batch] = loop.learner.batches
+    if not mask_tokens:
+        assert sampler.masks == [None] and batch.constraint_ids is None
+        return
+    [masks] = sampler.masks
+    questions = np.asarray(batch.tokens)[:, batch.completion_start - 1] - 3
+    assert sorted(mask.question for mask in masks) == sorted(set(questions.tolist()))
+    np.testing.assert_array_equal(first_completion_tokens(batch), questions + 10)
+    first = batch.completion_start
+    np.testing.assert_array_equal(batch.constraint_kinds[:, first], ONLY)
+    np.testing.assert_array_equal(batch.constraint_ids[:, first, 0], questions + 10)
+    assert (batch.constraint_ids[:, first, 1:] == -1).all() and (batch.constraint_kinds[:, first + 1:] == 0).all()
 
 
 def test_dynamic_sampling_skips_the_update_when_every_group_agrees():

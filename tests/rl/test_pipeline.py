@@ -43,7 +43,7 @@ class VersionedSampler:
     def sync(self, model, version):
         self.version = version
 
-    def generate(self, prompt_ids, params, n):
+    def generate(self, prompt_ids, params, n, token_masks=None):
         self.generating.set()
         assert self.hold.wait(WAIT_S)
         self.calls.append((len(prompt_ids), params.seed, self.version))

@@ -176,7 +176,7 @@ class OneValidFirstRound:
     """Each question's first completion writes a valid workflow, the others format errors: every question has one
     valid first round, so its second round is alone in its group."""
 
-    def generate(self, prompt_ids, params, n):
+    def generate(self, prompt_ids, params, n, token_masks=None):
         groups = []
         for p in prompt_ids:
             rows = [(4 if j == 0 else 5, 3 + 2 * j + p[-1] % 2, 7) for j in range(n)]
@@ -225,7 +225,7 @@ class ScriptedConductor:
             text = completion_text(workflow)
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def generate(self, prompt_ids, params, n):
+    def generate(self, prompt_ids, params, n, token_masks=None):
         return [
             [Completion(tuple(p), ids, (-1.0,) * len(ids), "stop", 0) for ids in
              (self.completion_ids(p, j) for j in range(n))]
