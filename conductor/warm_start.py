@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from typing import Any, Sequence
@@ -12,7 +13,7 @@ from conductor.teachers import TeacherConfig, teacher_examples
 from env.pools import offered_ids
 from env.prompts import CONDUCTOR_PREFIX
 from env.workflow import WorkflowFormatError, parse_workflow
-from rl.supervised import SFTConfig, SupervisedTrainer
+from rl.supervised import Example, SFTConfig, SupervisedTrainer
 from rollout.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -36,14 +37,40 @@ def format_validity(generator: Any, environment: TokenizedConductorEnv, question
     return valid / len(texts)
 
 
+def masked_examples(environment: TokenizedConductorEnv, examples: Sequence[Example]) -> list[Example]:
+    """`examples` with each completion token's constraint under its question's id mask
+    (`TokenizedConductorEnv.token_mask`), found by the example's prompt; an example whose prompt is no question's
+    first-round prompt (a recursion round's) is left unconstrained."""
+    questions = {tuple(environment.prompt_ids(q)): q for q in range(environment.num_questions)}
+    constraints: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[Any, ...]] = {}
+    masked = []
+    for example in examples:
+        question = questions.get(tuple(example.prompt_ids))
+        if question is None:
+            masked.append(example)
+            continue
+        mask = environment.token_mask(question)
+        key = (mask.ids, tuple(example.completion_ids))
+        if key not in constraints:
+            ids = example.completion_ids
+            constraints[key] = tuple(mask.constraint(ids[:k]) for k in range(len(ids)))
+        masked.append(dataclasses.replace(example, constraints=constraints[key]))
+    return masked
+
+
 def warm_start(
-    model: Any, environment: TokenizedConductorEnv, steps: int, trainer_config: SFTConfig, teacher: TeacherConfig
+    model: Any, environment: TokenizedConductorEnv, steps: int, trainer_config: SFTConfig, teacher: TeacherConfig,
+    mask_unoffered_ids: bool = False,
 ) -> list[dict[str, float]]:
-    """Fits the Conductor in place to `teacher`'s examples for `steps` steps; returns per-step metrics."""
+    """Fits the Conductor in place to `teacher`'s examples for `steps` steps; returns per-step metrics. With
+    `mask_unoffered_ids`, each example is scored under its question's id mask (`masked_examples`), as masked decoding
+    samples."""
     rng = random.Random(trainer_config.seed)
     probe = trainer_config.head is not None
     batch_size = trainer_config.batch_size
     examples = teacher_examples(teacher, environment, steps * batch_size, rng, probe)
+    if mask_unoffered_ids:
+        examples = masked_examples(environment, examples)
     if teacher.teacher == "world":
         pool_size = len(environment.env.world.pool)
         log.info("world teacher: %d questions x %d routes, mean weight %.3f", len(examples) // pool_size, pool_size,

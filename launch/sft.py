@@ -74,7 +74,8 @@ def main(argv: list[str]) -> None:
     before = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)
     log.info("valid workflows before warm-start: %.1f%% (temperature %g)", 100 * before, params.temperature)
     trainer = supervised_flags.from_flags(steps, len(task_label_indices(world)))
-    history = warm_start(model, world, steps, trainer, teacher_flags.from_flags())
+    history = warm_start(model, world, steps, trainer, teacher_flags.from_flags(),
+                         sampling_flags.MASK_UNOFFERED_IDS.value)
     distributed.share_process_zero_weights(model)
     sync(model, 1)
     after = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)

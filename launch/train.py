@@ -132,7 +132,8 @@ def main(argv: list[str]) -> None:
     lora_base_dir = log_dir / "lora_base" if lora.enabled and warm_start_steps else model_dir
     if warm_start_steps and fresh_run:
         trainer = supervised_flags.from_flags(warm_start_steps, len(task_label_indices(environment)))
-        warm_start(model, environment, warm_start_steps, trainer, teacher_flags.from_flags())
+        warm_start(model, environment, warm_start_steps, trainer, teacher_flags.from_flags(),
+                   sampling_flags.MASK_UNOFFERED_IDS.value)
     distributed.share_process_zero_weights(model)
     if lora_base_dir != model_dir and fresh_run and distributed.is_main_process():
         hf_io.save(model, lora_base_dir)  # whole on every process until the learner shards it

@@ -2,10 +2,10 @@
 
 Used before RL when the Conductor cannot yet write the action format (format warm-start on template workflows) and
 for rejection-sampling fine-tuning on logged high-reward rollouts. The loss is the mean negative log-likelihood of
-the completion tokens (`loss_mask`) at temperature 1; prompts only condition. An example may carry a weight (its
-grade, say): each token's NLL is then multiplied by its example's weight before the mean over tokens, so a weight-w
-example counts as w copies of it, in any batch (reward-weighted regression, whose optimum imitates each completion
-in proportion to its expected grade).
+the completion tokens (`loss_mask`) at temperature 1 (under an example's token constraints, of the masked
+distribution); prompts only condition. An example may carry a weight (its grade, say): each token's NLL is then
+multiplied by its example's weight before the mean over tokens, so a weight-w example counts as w copies of it, in
+any batch (reward-weighted regression, whose optimum imitates each completion in proportion to its expected grade).
 
 Optional head (`SFTConfig.head`, `SupervisedHead`): a small model with parameters of its own, trained jointly on the
 final hidden state that predicts one marked completion token of each example (`Example.probe_index`) against the
@@ -74,8 +74,13 @@ class Example:
     probe_index: int | None = None  # completion token whose predicting hidden state the head reads
     probe_label: int | None = None  # the example's label there
     weight: float = 1.0
+    # The constraint each completion token is scored under (`rl.trajectories.build`'s token_constraints; (): none):
+    # its likelihood is then that of the masked policy a masked sampler draws from.
+    constraints: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.constraints and len(self.constraints) != len(self.completion_ids):
+            raise ValueError(f"{len(self.completion_ids)} completion tokens but {len(self.constraints)} constraints")
         if not (np.isfinite(self.weight) and self.weight >= 0):
             raise ValueError(f"Example.weight must be finite and >= 0, got {self.weight}")
         if (self.probe_index is None) != (self.probe_label is None):
@@ -98,7 +103,12 @@ def negative_log_likelihood(
     low-grade examples pulls less, as their copies would, instead of being scaled up to a full batch's pull.
     """
     completion = slice(batch.completion_start, None)
-    logprobs = token_logprobs(model, predicting, batch.tokens[:, completion], chunk_size=chunk_size)
+    constrained = batch.constraint_ids is not None
+    logprobs = token_logprobs(
+        model, predicting, batch.tokens[:, completion], chunk_size=chunk_size,
+        constraint_ids=batch.constraint_ids[:, completion] if constrained else None,
+        constraint_kinds=batch.constraint_kinds[:, completion] if constrained else None,
+    )
     mask = batch.loss_mask[:, completion].astype(jnp.float32)
     weights = mask * batch.advantages[:, completion]  # the row's weight on each of its tokens
     return -(logprobs * weights).sum() / jnp.maximum(mask.sum(), 1.0)
@@ -172,6 +182,7 @@ class SupervisedTrainer:
             np.arange(count),
             pad_id=pad_id,
             length_buckets=self.config.length_buckets,
+            token_constraints=[e.constraints for e in examples] if any(e.constraints for e in examples) else None,
         )
 
     def fit(

@@ -22,8 +22,8 @@ _FIELDS = {
 MASK_UNOFFERED_IDS = flags.DEFINE_boolean(
     "mask_unoffered_ids", False,
     "Invalid-action masking: the Conductor writes each model id only among the ids its question offers "
-    "(conductor.id_mask), in training (the learner's log-probs take the same mask, LoopConfig.mask_tokens) and in "
-    "the greedy evaluation (launch.train's --eval_tasks, launch.eval).",
+    "(conductor.id_mask): in the warm-start's likelihood, in training (the learner's log-probs take the same mask, "
+    "LoopConfig.mask_tokens) and in the greedy evaluation (launch.train's --eval_tasks, launch.eval).",
 )
 
 

@@ -8,15 +8,17 @@ import re
 import pytest
 
 from conductor.id_mask import OfferedIdsMask
-from conductor.loop_environment import TokenizedConductorEnv
+from conductor.loop_environment import TokenizedConductorEnv, completion_ids, worker_id_tokens
 from conductor.outcomes import conductor_outcomes
+from conductor.warm_start import masked_examples
 from env.gym_env import ConductorEnv, EnvConfig
 from env.orchestration import OrchestrationWorldConfig
 from env.pools import offered_ids
-from env.workflow import parse_workflow
+from env.workflow import Step, Workflow, parse_workflow
 from env.worlds import build_world
 from models import zoo
 from models.tokenizer import load_tokenizer
+from rl.supervised import Example
 from rollout.types import Completion, SamplingParams
 from tests.env.test_orchestration import RECIPE_REWARD
 
@@ -120,3 +122,27 @@ def test_masked_greedy_evaluation_names_each_questions_first_offered_choice(toke
     assert [o.workers for o in outcomes] == [
         (next(w for w in PreferenceGenerator.PREFERENCE if w in pool),) for pool in pools
     ]
+
+
+def test_warm_start_examples_are_scored_under_their_questions_mask_at_their_id_tokens_only(tokenizer):
+    world = build_world(OrchestrationWorldConfig(split="validation"), RECIPE_REWARD, max_steps=3)
+    environment = TokenizedConductorEnv(ConductorEnv(world, EnvConfig(max_steps=3)), tokenizer)
+    question = 0
+    pool = offered_ids(world.tasks[question], len(world.pool))
+    workflow = Workflow(steps=(Step(pool[2], "Solve it."), Step(pool[0], "Check it.", "all")))
+    target = completion_ids(environment, workflow)
+    followup = Example((1, 2, 3), target)
+    [example, untouched] = masked_examples(
+        environment, [Example(tuple(environment.prompt_ids(question)), target), followup])
+    assert untouched is followup  # a prompt that is no question's first round keeps no constraints
+    id_tokens = worker_id_tokens(tokenizer, target)
+    constrained = [k for k, constraint in enumerate(example.constraints) if constraint is not None]
+    # Every token inside the model_id list is constrained, from the first id to the closing bracket; nothing else.
+    assert constrained == list(range(id_tokens[0], id_tokens[-1] + 2))
+    for k in id_tokens:
+        constraint = example.constraints[k]
+        assert (target[k] in constraint.token_ids) == constraint.only
+        offered_digits = {tokenizer.encode(str(w), add_special_tokens=False)[0] for w in pool}
+        absent = {tokenizer.encode(str(w), add_special_tokens=False)[0] for w in range(6) if w not in pool}
+        assert not constraint.only and absent <= set(constraint.token_ids)
+        assert not offered_digits & set(constraint.token_ids)

@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,6 +33,33 @@ def test_nll_is_the_weighted_sum_over_completion_tokens_of_the_full_vocabulary_l
             expected.append(-logprobs[row, column - 1, token])
             token_weights.append(example.weight)
     np.testing.assert_allclose(float(nll), np.dot(expected, token_weights) / len(expected), rtol=1e-5)
+
+
+def test_a_constrained_examples_nll_is_that_of_the_distribution_renormalised_over_its_allowed_tokens():
+    only = SimpleNamespace(token_ids=(7, 11, 40), only=True)
+    all_but = SimpleNamespace(token_ids=tuple(range(3, 60)), only=False)
+    examples = [Example((5, 6, 9), (11, 70, 7), constraints=(only, None, all_but)), Example((4, 2), (40, 3))]
+    model = tiny_model()
+    trainer = SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, logprob_chunk_size=2))
+    batch = trainer.batch(examples, pad_id=0)
+    hidden = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask))
+    predicting = hidden[:, batch.completion_start - 1 : -1]
+    nll = negative_log_likelihood(model, predicting, jax.tree.map(jnp.asarray, batch), chunk_size=2)
+
+    logprobs = log_softmax(np.asarray(model.logits(hidden), np.float64))
+    vocabulary = np.arange(logprobs.shape[-1])
+    expected = []
+    for row, example in enumerate(examples):
+        for offset, token in enumerate(example.completion_ids):
+            row_logprobs = logprobs[row, batch.completion_start + offset - 1]
+            constraint = example.constraints[offset] if example.constraints else None
+            allowed = vocabulary if constraint is None else (
+                np.asarray(constraint.token_ids) if constraint.only
+                else np.setdiff1d(vocabulary, constraint.token_ids))
+            expected.append(-(row_logprobs[token] - np.log(np.exp(row_logprobs[allowed]).sum())))
+    np.testing.assert_allclose(float(nll), np.mean(expected), rtol=1e-5)
+    with pytest.raises(ValueError, match="3 completion tokens but 1 constraints"):
+        Example((1,), (2, 3, 4), constraints=(None,))
 
 
 # One batch holds both answers, or each answer is a batch of its own: a batch's weights must not be normalised away
