@@ -11,6 +11,18 @@ from tests.rl.helpers import SGDConfig, assert_same_sgd_state
 from tests.supervised_helpers import OPTIMIZER, log_softmax, tiny_model
 
 
+def nll_and_reference_logprobs(examples, chunk_size):
+    """The trainer's NLL of `examples` on a tiny model, the batch, and the model's float64 log-softmax at every
+    position, to compute the NLL from."""
+    model = tiny_model()
+    trainer = SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, logprob_chunk_size=chunk_size))
+    batch = trainer.batch(examples, pad_id=0)
+    hidden = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask))
+    predicting = hidden[:, batch.completion_start - 1 : -1]
+    nll = negative_log_likelihood(model, predicting, jax.tree.map(jnp.asarray, batch), chunk_size=chunk_size)
+    return float(nll), batch, log_softmax(np.asarray(model.logits(hidden), np.float64))
+
+
 @pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (0.5, 2.0, 0.0)])
 def test_nll_is_the_weighted_sum_over_completion_tokens_of_the_full_vocabulary_log_softmax_per_token(weights):
     rng = np.random.default_rng(0)
@@ -18,35 +30,21 @@ def test_nll_is_the_weighted_sum_over_completion_tokens_of_the_full_vocabulary_l
         Example(tuple(rng.integers(3, 256, size=p)), tuple(rng.integers(3, 256, size=c)), weight=w)
         for (p, c), w in zip(((5, 3), (9, 7), (2, 1)), weights)
     ]
-    model = tiny_model()
-    trainer = SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, logprob_chunk_size=4))
-    batch = trainer.batch(examples, pad_id=0)
-    hidden = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask))
-    predicting = hidden[:, batch.completion_start - 1 : -1]
-    nll = negative_log_likelihood(model, predicting, jax.tree.map(jnp.asarray, batch), chunk_size=4)
-
-    logprobs = log_softmax(np.asarray(model.logits(hidden), np.float64))
+    nll, batch, logprobs = nll_and_reference_logprobs(examples, chunk_size=4)
     expected, token_weights = [], []
     for row, example in enumerate(examples):
         for offset, token in enumerate(example.completion_ids):
             column = batch.completion_start + offset
             expected.append(-logprobs[row, column - 1, token])
             token_weights.append(example.weight)
-    np.testing.assert_allclose(float(nll), np.dot(expected, token_weights) / len(expected), rtol=1e-5)
+    np.testing.assert_allclose(nll, np.dot(expected, token_weights) / len(expected), rtol=1e-5)
 
 
 def test_a_constrained_examples_nll_is_that_of_the_distribution_renormalised_over_its_allowed_tokens():
     only = SimpleNamespace(token_ids=(7, 11, 40), only=True)
     all_but = SimpleNamespace(token_ids=tuple(range(3, 60)), only=False)
     examples = [Example((5, 6, 9), (11, 70, 7), constraints=(only, None, all_but)), Example((4, 2), (40, 3))]
-    model = tiny_model()
-    trainer = SupervisedTrainer(model, SFTConfig(optimizer=OPTIMIZER, logprob_chunk_size=2))
-    batch = trainer.batch(examples, pad_id=0)
-    hidden = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions), jnp.asarray(batch.attention_mask))
-    predicting = hidden[:, batch.completion_start - 1 : -1]
-    nll = negative_log_likelihood(model, predicting, jax.tree.map(jnp.asarray, batch), chunk_size=2)
-
-    logprobs = log_softmax(np.asarray(model.logits(hidden), np.float64))
+    nll, batch, logprobs = nll_and_reference_logprobs(examples, chunk_size=2)
     vocabulary = np.arange(logprobs.shape[-1])
     expected = []
     for row, example in enumerate(examples):
@@ -57,7 +55,7 @@ def test_a_constrained_examples_nll_is_that_of_the_distribution_renormalised_ove
                 np.asarray(constraint.token_ids) if constraint.only
                 else np.setdiff1d(vocabulary, constraint.token_ids))
             expected.append(-(row_logprobs[token] - np.log(np.exp(row_logprobs[allowed]).sum())))
-    np.testing.assert_allclose(float(nll), np.mean(expected), rtol=1e-5)
+    np.testing.assert_allclose(nll, np.mean(expected), rtol=1e-5)
     with pytest.raises(ValueError, match="3 completion tokens but 1 constraints"):
         Example((1,), (2, 3, 4), constraints=(None,))
 
