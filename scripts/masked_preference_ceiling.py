@@ -1,29 +1,36 @@
 """What a Conductor that ignores the pool can reach when the ids its question does not offer are masked
-(`--mask_unoffered_ids`): per (task, difficulty), a ranked list of workflows over world ids, of which the first whose
-workers are all offered runs. Exact expected rewards in the orchestration world (launch/configs/orchestration.cfg).
+(`--mask_unoffered_ids`): per question type, a ranked list over world ids, of which the first entry the question's
+pool offers runs.
 
-    python scripts/masked_preference_ceiling.py
+    python -m scripts.masked_preference_ceiling [--zeroeval]
 
-Prints, per split, the best fixed workflow per pool and the per-question optimum (the gap's ends), then the ranked
+Orchestration world (launch/configs/orchestration.cfg), exact expected rewards, a list per (task, difficulty): prints,
+per split, the best fixed workflow per pool and the per-question optimum (the gap's ends), then the ranked
 lists' reward and the gap they close: single workers ranked exactly (every order of the six), and lists of
 workflows of up to three steps built greedily (each next entry, put before the best single-worker ranking, the one
 that raises the total most; a lower bound on the best list). Each list is chosen on the training split's questions
 and pools and scored on every split; "fit on the split" chooses it on the split it is scored on (what no learner
 can exceed with a pool-blind list of that kind).
+
+`--zeroeval` (needs ZeroEval's data, `python -m launch.data fetch zeroeval`): the sixteen models of each task ranked by
+their accuracy on the task's training half, on the test half's 22 held-out pools (`pools=heldout`): each pool's
+accuracy beside its per-task best on the same questions, as `eval.pools` reports a Conductor's.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import itertools
 
 import numpy as np
 
+from env import frontier
 from env.optimum import candidate_workflows
 from env.orchestration import SPLITS, OrchestrationWorldConfig, context, gap_closed
 from env.pools import offered_pool
-from env.worlds import build_world
+from env.worlds import ZeroEvalWorldConfig, build_world
 from scripts.orchestration_world import ANSWER_MODEL, MAX_STEPS, REWARD
 
 
@@ -79,7 +86,31 @@ def greedy_ranking(matrix: np.ndarray, singles: list[int]) -> list[int]:
         total = values[column]
 
 
+def zeroeval_ranking() -> None:
+    train = build_world(ZeroEvalWorldConfig(split="train"))
+    test = build_world(ZeroEvalWorldConfig(split="test", pools="heldout"))
+    known = frontier.outcomes(train.tasks, train.pool)
+    accuracy = {label: known.correct[known.task_label_of == index].mean(axis=0)
+                for index, label in enumerate(known.task_labels)}
+    tested = frontier.outcomes(test.tasks, test.pool)
+    chosen = [max(offered_pool(task), key=lambda m: accuracy[task.task_label][m]) for task in test.tasks]
+    correct = tested.correct[np.arange(len(chosen)), chosen].astype(float)
+    cost = tested.cost_usd[np.arange(len(chosen)), chosen]
+    figures = frontier.offered_pool_figures(test.tasks, test.pool, correct, cost)
+    print(f"\nZeroEval, each task's models ranked by training accuracy, on the 22 held-out pools: accuracy "
+          f"{figures['accuracy']:.4f}, {figures['pools_at_share']} of {len(figures['pools'])} pools at >= 95% of their "
+          f"per-task best")
+    print("| pool | accuracy | per-task best | ratio |")
+    print("|---|---|---|---|")
+    for name, pool in figures["pools"].items():
+        best = pool["baselines"]["per_task_best"]["accuracy"]
+        print(f"| {name} | {pool['accuracy']:.4f} | {best:.4f} | {pool['to_per_task_best']:.3f} |")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--zeroeval", action="store_true", help="also the ZeroEval world's per-task ranking")
+    args = parser.parse_args()
     config = OrchestrationWorldConfig(answer_model=ANSWER_MODEL)
     worlds = {split: build_world(dataclasses.replace(config, split=split), REWARD, MAX_STEPS) for split in SPLITS}
     workflows = candidate_workflows(len(config.workers), MAX_STEPS)
@@ -111,6 +142,8 @@ def main() -> None:
                 value = score(split, chosen)
                 print(f"| {split} | {ends[0]:.4f} | {ends[1]:.4f} | {name} | {fit} | {value:.4f} | "
                       f"{gap_closed(value, *ends):.3f} |")
+    if args.zeroeval:
+        zeroeval_ranking()
 
 
 if __name__ == "__main__":
