@@ -75,19 +75,27 @@ def oracle_choice(env: ConductorEnv) -> WorkflowChoice | None:
     return None
 
 
-def bandit_choice(env: ConductorEnv, budget: int, seed: int) -> WorkflowChoice | None:
+def bandit_choice(
+    env: ConductorEnv, budget: int, seed: int, training: Sequence[Task] | None = None
+) -> WorkflowChoice | None:
     """The contextual UCB1 bandit's workflows after `budget` pulls (`conductor.bandit`): on the orchestration world's
-    training split, or on a replay world's own questions; None on other worlds."""
+    training split, or on a replay world's `training` questions (default: the evaluated ones, in-sample like the
+    per-task best worker), answering each evaluated question by its task; None on other worlds."""
     world = env.world
     if world.orchestration is not None:
+        if training is not None:
+            raise ValueError("the orchestration world's bandit learns on its own training split; give no questions")
         reference = world.orchestration
         training = orchestration.load_tasks(dataclasses.replace(reference.config, split="train"))
         problem = bandit.orchestration_problem(reference, training, env.config.expected_grades)
         statistics = bandit.ucb1(problem, budget, seed)
         return lambda task, repeat: bandit.orchestration_workflow(reference, problem, statistics, task)
-    if world.tasks and all("scores" in task.metadata for task in world.tasks):
+    if training is not None and not training:
+        raise ValueError("the bandit's training questions are empty")
+    replayed = world.tasks if training is None else training
+    if world.tasks and all("scores" in task.metadata for task in (*world.tasks, *replayed)):
         models = [getattr(worker, "model", worker.name) for worker in world.pool]
-        problem = bandit.replay_problem(world.tasks, models, env.config.reward)
+        problem = bandit.replay_problem(replayed, models, env.config.reward)
         statistics = bandit.ucb1(problem, budget, seed)
         return lambda task, repeat: policies.single(bandit.choose(problem, statistics, task.task_label))
     return None
@@ -239,8 +247,11 @@ class BaselineConfig:
             raise ValueError(f"bandit_budget must be >= 1, got {self.bandit_budget}")
 
 
-def run_baselines(env: ConductorEnv, config: BaselineConfig, repeats: int) -> dict[str, dict[str, Any]]:
-    """Method name -> `summarize` report, for every baseline in `config` that the world supports."""
+def run_baselines(
+    env: ConductorEnv, config: BaselineConfig, repeats: int, bandit_training: Sequence[Task] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Method name -> `summarize` report, for every baseline in `config` that the world supports; a replay world's
+    bandit learns on `bandit_training` where given (`bandit_choice`)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     pool = env.world.pool
@@ -296,8 +307,11 @@ def run_baselines(env: ConductorEnv, config: BaselineConfig, repeats: int) -> di
         ):
             if method in config.baselines:
                 run(name, lambda task, repeat, policy=policy: policy(task).workflow)
-    if "bandit" in config.baselines and (ucb := bandit_choice(env, config.bandit_budget, config.seed)) is not None:
-        run(f"contextual UCB1 ({config.bandit_budget} pulls)", ucb)
+    if "bandit" in config.baselines and (
+        ucb := bandit_choice(env, config.bandit_budget, config.seed, bandit_training)
+    ) is not None:
+        where = "" if bandit_training is None else f", learned on {len(bandit_training)} other questions"
+        run(f"contextual UCB1 ({config.bandit_budget} pulls{where})", ucb)
     if "prompted_conductor" in config.baselines:
         for w in config.prompted_conductors:
             outcomes = prompted_conductor_outcomes(env, w, repeats, config.prompted_max_tokens)

@@ -31,6 +31,7 @@ from conductor.loop_environment import TokenizedConductorEnv
 from conductor.model import load_conductor
 from conductor.outcomes import conductor_outcomes
 from conductor.report import summarize, write_report
+from env.worlds import build_world
 from launch.flag_groups import baselines as baseline_flags
 from launch.flag_groups import conductor as conductor_flags
 from launch.flag_groups import console as console_flags
@@ -93,7 +94,10 @@ def main(argv: list[str]) -> None:
             results[f"Conductor ({flags.FLAGS.conductor})"]["recorded"] = recorded_figures(env.world, outcomes)
     config = baseline_flags.from_flags([method for method in _METHODS.value if method in BASELINES])
     if config.baselines:
-        results.update(run_baselines(env, config, _REPEATS.value))
+        bandit_training = None
+        if baseline_flags.BANDIT_TASKS.value and "bandit" in config.baselines:
+            bandit_training = build_world(environment_flags.from_flags(baseline_flags.BANDIT_TASKS.value).world).tasks
+        results.update(run_baselines(env, config, _REPEATS.value, bandit_training))
     env.close()
     if env.cache is not None:
         logging.info("cache %s: %d hits, %d misses", env.cache.path, env.cache.hits, env.cache.misses)

@@ -28,6 +28,12 @@ _FIELDS = {
         "run).",
     ),
 }
+BANDIT_TASKS = flags.DEFINE_list(
+    "bandit_tasks", None,
+    "On a replay world, the questions the contextual UCB1 baseline learns from, named as --tasks names them (the "
+    "training files of the run it is compared with); default: the evaluated questions themselves. The orchestration "
+    "world's bandit always learns on its training split.",
+)
 _PROMPTED_CONDUCTORS = flags.DEFINE_list(
     "prompted_conductors", ["0"], "Pool workers each prompted as an untrained Conductor."
 )

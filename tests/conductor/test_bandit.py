@@ -168,3 +168,42 @@ def test_launch_eval_reports_the_exact_figures_of_the_orchestration_baselines():
     assert optimum["reward"] == pytest.approx(world.orchestration.figures(world.tasks)["optimum_reward"])
     assert optimum["heldout_pools"] and ucb["reward"] < optimum["reward"]
     assert sum(optimum["shapes"].values()) == pytest.approx(1.0)
+
+
+def replay_tasks(label: str, scores: dict[str, float], count: int) -> list[Task]:
+    return [Task(f"{label}{i}", label, "q", "1", lambda r, g: 0.0, {"scores": scores}) for i in range(count)]
+
+
+def test_a_replay_bandit_learns_on_the_training_questions_given_and_answers_each_question_by_its_task():
+    """`launch.eval --bandit_tasks`: the bandit of a replay world learns from other questions (a run's training files)
+    and answers the evaluated ones by their task; without them it learns on the evaluated questions themselves."""
+    from conductor.baselines import bandit_choice
+    from env.gym_env import ConductorEnv, EnvConfig
+    from env.workers.replay import ReplayWorker
+    from env.worlds import World
+
+    evaluated = replay_tasks("gsm8k", {"m0": 0.9, "m1": 0.1}, 4) + replay_tasks("mmlu", {"m0": 0.2, "m1": 0.3}, 4)
+    training = replay_tasks("gsm8k", {"m0": 0.1, "m1": 0.9}, 6) + replay_tasks("mmlu", {"m0": 0.8, "m1": 0.1}, 6)
+    env = ConductorEnv(World("replay", [ReplayWorker("m0"), ReplayWorker("m1")], evaluated), EnvConfig(max_steps=1))
+    try:
+        learned = bandit_choice(env, budget=400, seed=0, training=training)
+        in_sample = bandit_choice(env, budget=400, seed=0)
+        with pytest.raises(ValueError, match="empty"):
+            bandit_choice(env, budget=400, seed=0, training=[])
+    finally:
+        env.close()
+    assert [learned(task, 0).steps[0].worker for task in evaluated] == [1] * 4 + [0] * 4
+    assert [in_sample(task, 0).steps[0].worker for task in evaluated] == [0] * 4 + [1] * 4
+
+
+def test_the_orchestration_bandit_refuses_training_questions_it_would_not_use():
+    from conductor.baselines import bandit_choice
+    from env.gym_env import ConductorEnv, EnvConfig
+
+    world = build_world(OrchestrationWorldConfig(split="validation", validation_questions=8), RECIPE_REWARD, 3)
+    env = ConductorEnv(world, EnvConfig(max_steps=3, reward=RECIPE_REWARD))
+    try:
+        with pytest.raises(ValueError, match="own training split"):
+            bandit_choice(env, budget=10, seed=0, training=world.tasks)
+    finally:
+        env.close()
