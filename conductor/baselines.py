@@ -98,6 +98,9 @@ def bandit_choice(
         problem = bandit.replay_problem(replayed, models, env.config.reward)
         statistics = bandit.ucb1(problem, budget, seed)
         return lambda task, repeat: policies.single(bandit.choose(problem, statistics, task.task_label))
+    if training is not None:
+        raise ValueError(f"the bandit learns on other questions only on a replay world (recorded scores), not on "
+                         f"{world.name!r}")
     return None
 
 

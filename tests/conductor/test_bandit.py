@@ -196,14 +196,21 @@ def test_a_replay_bandit_learns_on_the_training_questions_given_and_answers_each
     assert [in_sample(task, 0).steps[0].worker for task in evaluated] == [0] * 4 + [1] * 4
 
 
-def test_the_orchestration_bandit_refuses_training_questions_it_would_not_use():
+def test_training_questions_are_refused_where_the_bandit_would_not_use_them():
+    """The orchestration world's bandit learns on its own training split; a world without recorded scores has
+    no bandit."""
     from conductor.baselines import bandit_choice
     from env.gym_env import ConductorEnv, EnvConfig
+    from env.worlds import SyntheticWorldConfig
 
-    world = build_world(OrchestrationWorldConfig(split="validation", validation_questions=8), RECIPE_REWARD, 3)
-    env = ConductorEnv(world, EnvConfig(max_steps=3, reward=RECIPE_REWARD))
-    try:
-        with pytest.raises(ValueError, match="own training split"):
-            bandit_choice(env, budget=10, seed=0, training=world.tasks)
-    finally:
-        env.close()
+    for config, message in ((OrchestrationWorldConfig(split="validation", validation_questions=8), "own training"),
+                            (SyntheticWorldConfig(num_tasks=8), "only on a replay world")):  # fmt: skip
+        world = build_world(config, RECIPE_REWARD, 3)
+        env = ConductorEnv(world, EnvConfig(max_steps=3, reward=RECIPE_REWARD))
+        try:
+            if isinstance(config, SyntheticWorldConfig):
+                assert bandit_choice(env, budget=10, seed=0) is None
+            with pytest.raises(ValueError, match=message):
+                bandit_choice(env, budget=10, seed=0, training=world.tasks)
+        finally:
+            env.close()

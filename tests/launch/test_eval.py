@@ -337,6 +337,28 @@ def test_eval_command_writes_the_table_for_a_tiny_conductor_and_baselines(tmp_pa
     assert bad.returncode != 0 and "smoothie" in bad.stderr
 
 
+@pytest.mark.slow
+def test_eval_command_learns_the_replay_bandit_on_the_training_files_given(tmp_path):
+    """`--bandit_tasks`: the bandit learns each task's worker on the training files and answers the test questions
+    with it; where the training files' best worker leads by a clear margin, that is the worker it chooses."""
+    train_files, limit = ("gsm8k-train", "arc_challenge_train"), 60
+    command = [
+        sys.executable, "-m", "launch.eval", "--world=replay", "--tasks=gsm8k-test,arc_challenge_test",
+        f"--task_limit={limit}", "--max_workflow_steps=1", "--expected_grades", "--methods=bandit",
+        "--bandit_budget=4000", f"--bandit_tasks={','.join(train_files)}", f"--logdir={tmp_path}",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (name, report), = json.loads((tmp_path / "results.json").read_text())["methods"].items()
+    assert name == f"contextual UCB1 (4000 pulls, learned on {2 * limit} other questions)"
+    training = build_world(ReplayWorldConfig(files=train_files, limit_per_file=limit)).tasks
+    for label in ("gsm8k", "arc_challenge"):
+        scores = np.mean([[t.metadata["scores"][m] for m in ROUTERDC_MODELS] for t in training if t.task_label == label], 0)
+        first, second = np.sort(scores)[::-1][:2]
+        if first - second > 0.05:
+            assert report["workers_chosen_by_task"][label] == {ROUTERDC_MODELS[int(np.argmax(scores))]: 1.0}, label
+
+
 class ScriptedConductor:
     """A stand-in Conductor that answers each question (found in its prompt) with the text scripted for it."""
 
