@@ -19,12 +19,15 @@ from rollout.types import TokenConstraint
 
 
 @functools.lru_cache(maxsize=8)
-def _digit_tokens(tokenizer: Any) -> tuple[tuple[tuple[int, str], ...], tuple[int, ...]]:
-    """The vocabulary's tokens that write digits: (id, text) for those whose text is spaces then digits, and the ids
-    of the others that hold a digit beside other characters (never allowed inside a model id list)."""
-    numbers, mixed = [], []
+def _id_tokens(tokenizer: Any) -> tuple[tuple[tuple[int, str], ...], tuple[int, ...], tuple[int, ...]]:
+    """The vocabulary's tokens an id list is written with: (id, text) of those whose text is spaces then digits; the
+    ids of those that hold a digit beside other characters (never allowed inside a model id list); the ids of those
+    that are whitespace alone."""
+    numbers, mixed, spaces = [], [], []
     for token_id in range(len(tokenizer)):
         text = tokenizer.decode([token_id])
+        if text and not text.strip():
+            spaces.append(token_id)
         if not any(character.isdigit() for character in text):
             continue
         digits = text.lstrip(" ")
@@ -32,16 +35,18 @@ def _digit_tokens(tokenizer: Any) -> tuple[tuple[tuple[int, str], ...], tuple[in
             numbers.append((token_id, text))
         else:
             mixed.append(token_id)
-    return tuple(numbers), tuple(mixed)
+    return tuple(numbers), tuple(mixed), tuple(spaces)
 
 
 class OfferedIdsMask:
-    """The constraint on a completion's next token that keeps every id of its `model_id` list among `ids`: inside the
-    list, a digit token is allowed only where its digits extend the id being written towards an offered id; while
-    that id is an unfinished prefix (a "1" when only 12 is offered), only such digits are.
+    """The constraint on a completion's next token that keeps every id of its `model_id` list among `ids`: where an
+    id begins (after `[` or `,`), only a token that starts an offered id, or whitespace; while the id is an unfinished
+    prefix (a "1" when only 12 is offered), only digits that extend it towards an offered id; after a whole id, any
+    token but a digit that would make it another.
 
-    Outside the list, and inside it wherever the text is not an id (a quote, a name), any token is allowed: the
-    mask removes the choice of an absent worker, not the chance to write a malformed workflow.
+    So where the policy would name an absent worker it names its next choice among the offered ones, rather than
+    closing the list or writing a name there (a list that names no worker is malformed). Outside the list, and after
+    text the mask did not write (an id no offered one completes), any token is allowed.
     """
 
     def __init__(self, tokenizer: Any, ids: Sequence[int]):
@@ -60,7 +65,7 @@ class OfferedIdsMask:
         return self._constraints[written]
 
     def _after(self, written: str) -> TokenConstraint:
-        numbers, mixed = _digit_tokens(self._tokenizer)
+        numbers, mixed, spaces = _id_tokens(self._tokenizer)
         if written != written.rstrip():  # the id ended with a space: no digit may follow it
             return TokenConstraint(tuple(token_id for token_id, _ in numbers) + mixed, only=False)
         # A token with leading spaces starts a new id only where none has begun.
@@ -69,7 +74,9 @@ class OfferedIdsMask:
             if (written == "" or not text.startswith(" "))
             and any(name.startswith(written + text.lstrip(" ")) for name in self._names)
         ]
-        if written and written not in self._names:
+        if not written:
+            return TokenConstraint(tuple(extends) + spaces, only=True)
+        if written not in self._names:
             return TokenConstraint(tuple(extends), only=True)
         allowed = set(extends)
         return TokenConstraint(

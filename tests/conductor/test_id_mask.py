@@ -43,11 +43,13 @@ def allowed(mask, tokenizer, text, candidates):
 def test_inside_the_model_id_list_only_digits_towards_an_offered_id_are_allowed(tokenizer):
     mask = OfferedIdsMask(tokenizer, [12, 3, 5])
     digits = [str(d) for d in range(10)]
-    assert allowed(mask, tokenizer, LIST_START, digits + [","]) == {"1", "3", "5", ","}
+    # Where an id begins, only the start of an offered one, or whitespace: the list can neither close nor skip the id.
+    assert allowed(mask, tokenizer, LIST_START, digits + [",", "]", '"', " ", "\n"]) == {"1", "3", "5", " ", "\n"}
+    assert allowed(mask, tokenizer, LIST_START + " ", digits + ["]"]) == {"1", "3", "5"}
     # "1" is only the start of 12: nothing but its "2" may follow.
     assert allowed(mask, tokenizer, LIST_START + "1", digits + [",", "]"]) == {"2"}
     assert allowed(mask, tokenizer, LIST_START + "12", digits + [",", "]"]) == {",", "]"}
-    assert allowed(mask, tokenizer, LIST_START + "12, ", digits) == {"1", "3", "5"}
+    assert allowed(mask, tokenizer, LIST_START + "12, ", digits + ["]"]) == {"1", "3", "5"}
     # Outside the list, and after it closes, the mask allows everything.
     assert allowed(mask, tokenizer, "Two models.\n\nsubtasks = [", digits) == set(digits)
     assert allowed(mask, tokenizer, LIST_START + "3]\nsubtasks = [\"Step ", digits) == set(digits)
@@ -144,5 +146,6 @@ def test_warm_start_examples_are_scored_under_their_questions_mask_at_their_id_t
         assert (target[k] in constraint.token_ids) == constraint.only
         offered_digits = {tokenizer.encode(str(w), add_special_tokens=False)[0] for w in pool}
         absent = {tokenizer.encode(str(w), add_special_tokens=False)[0] for w in range(6) if w not in pool}
-        assert not constraint.only and absent <= set(constraint.token_ids)
-        assert not offered_digits & set(constraint.token_ids)
+        # Each id is one digit and begins where it is written: only the offered ids' digits (or whitespace) allowed.
+        assert constraint.only and offered_digits <= set(constraint.token_ids)
+        assert not absent & set(constraint.token_ids)
