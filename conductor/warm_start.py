@@ -3,16 +3,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import hashlib
+import json
 import logging
+import os
+import pathlib
 import random
-from typing import Any, Sequence
+import shutil
+from typing import Any, Iterator, Sequence
+
+from flax import nnx
 
 from conductor.loop_environment import TokenizedConductorEnv
 from conductor.teachers import TeacherConfig, teacher_examples
 from env.pools import offered_ids
 from env.prompts import CONDUCTOR_PREFIX
 from env.workflow import WorkflowFormatError, parse_workflow
+from models import hf_io
 from rl.supervised import Example, SFTConfig, SupervisedTrainer
 from rollout.types import SamplingParams
 
@@ -92,3 +102,53 @@ def warm_start(
 
     history = trainer.fit(examples, steps, environment.tokenizer.pad_token_id or 0, on_step=report)
     return history
+
+
+def warm_start_key(steps: int, trainer_config: SFTConfig, teacher: TeacherConfig, mask_unoffered_ids: bool,
+                   origin: Sequence[Any]) -> str:
+    """The sha256 of everything that decides a warm-start's result: its own settings and `origin`, the configs the
+    model and the world it starts from were built from (the Conductor's spec with its seed, the world's spec). Not
+    the code: a cache outlives no change to it that its user does not make on purpose."""
+    parts = [repr(steps), repr(trainer_config), repr(teacher), repr(mask_unoffered_ids), *map(repr, origin)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: pathlib.Path) -> Iterator[None]:
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a run warming up the same key finishes it first; this one then loads it
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def cached_warm_start(
+    model: Any, environment: TokenizedConductorEnv, steps: int, trainer_config: SFTConfig, teacher: TeacherConfig,
+    mask_unoffered_ids: bool, origin: Sequence[Any], cache_dir: pathlib.Path,
+) -> bool:
+    """`warm_start`, through a directory of warm-started weights keyed by `warm_start_key`: where the key's entry
+    exists its weights are loaded into `model` in place, bit for bit what the warm-start would have made (the runs of
+    a sweep over an RL setting share their seed's warm-start); otherwise the warm-start runs and its weights are
+    stored there. Runs that want the same key at once take turns: one computes, the others load. Returns True when
+    loaded."""
+    key = warm_start_key(steps, trainer_config, teacher, mask_unoffered_ids, origin)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    entry = cache_dir / key
+    with _exclusive(cache_dir / f"{key}.lock"):
+        if (entry / "config.json").exists():
+            config = model.config
+            stored = hf_io.load(entry, dtype=config.dtype, param_dtype=config.param_dtype, remat=config.remat)
+            nnx.update(model, nnx.state(stored, nnx.Param))
+            log.info("warm-start loaded from %s", entry)
+            return True
+        warm_start(model, environment, steps, trainer_config, teacher, mask_unoffered_ids)
+        partial = cache_dir / f"{key}.partial.{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        hf_io.save(model, partial)
+        (partial / "warm_start_key.json").write_text(json.dumps(
+            {"steps": steps, "trainer": repr(trainer_config), "teacher": repr(teacher),
+             "mask_unoffered_ids": mask_unoffered_ids, "origin": [repr(part) for part in origin]}, indent=1) + "\n")
+        os.replace(partial, entry)  # whole or absent: a run killed while saving leaves no entry to load
+        log.info("warm-start stored in %s", entry)
+        return False

@@ -5,11 +5,14 @@
 
 Every run is `python -m launch.train` with the flags given here (a `--flagfile` included) plus `--FLAG=value`,
 `--seed` and `--logdir=<logdir>/<FLAG>=<value>/seed=<seed>`; only those change between runs, so the runs differ by
-the swept value and the seed alone. This program's own flags, `--logdir` (the sweep's directory) among them, are read
-from its command line only: a flagfile holds launch.train's flags, and its `--logdir` (every shipped one sets it) is
-replaced by each run's own, so no run writes into the flagfile's directory. A `--checkpoint_dir` is refused: the runs
-would share it. The flag and every value are checked against launch.train's flags before any run starts. Up to
-`--parallel` runs train at once, each pinned to `--threads_per_run` cores of its own.
+the swept value and the seed alone. This program's own flags, `--logdir` (the sweep's directory) among them, are
+read from its command line only: a flagfile holds launch.train's flags, and its `--logdir` (every shipped one sets
+it) is replaced by each run's own, so no run writes into the flagfile's directory. Runs that warm up alike (the same
+seed, and a swept flag that does not change the warm-start, as an estimator's or a learning rate's) share it: the
+first stores it in `<logdir>/warm_starts`, the others load it (`--share_warm_start`, on by default;
+`--warm_start_cache_dir`). A `--checkpoint_dir` is refused: the runs would share it. The flag and every value are
+checked against launch.train's flags before any run starts. Up to `--parallel` runs train at once, each pinned to
+`--threads_per_run` cores of its own.
 
 A run is finished when its directory holds `run_summary.json`: written (atomically) once `launch.train` exited 0
 and printed its summary. Rerunning the same command skips finished runs and restarts the others: one that had saved
@@ -93,6 +96,13 @@ _ALPHA = flags.DEFINE_float(
     "alpha", 0.05, "Significance level of the Holm-adjusted pairwise tests.", lower_bound=0.0, upper_bound=1.0,
     flag_values=COMPARE_FLAGS,
 )
+_SHARE_WARM_START = flags.DEFINE_bool(
+    "share_warm_start", True,
+    "Give every run --warm_start_cache_dir=<logdir>/warm_starts (unless the training flags name one), and start "
+    "every seed of the first value before the other values: runs that would warm up alike (same seed, and a swept "
+    "flag that does not change the warm-start) do it once and load it after.",
+    flag_values=COMPARE_FLAGS,
+)
 _REPORT_ONLY = flags.DEFINE_bool(
     "report_only", False, "Report the finished runs in --logdir without starting any.", flag_values=COMPARE_FLAGS
 )
@@ -162,7 +172,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(str(error)) from error
     out = pathlib.Path(_LOGDIR.value)
     out.mkdir(parents=True, exist_ok=True)
-    runs = plan(sweep, seeds, out)
+    runs = plan(sweep, seeds, out, value_major=_SHARE_WARM_START.value)
     if not _REPORT_ONLY.value:
         lock_fd = hold_lock(out)
         stop_runs_on_sigterm()
@@ -174,6 +184,9 @@ def main(argv: list[str]) -> None:
         parallel, threads = parallelism(_PARALLEL.value, _THREADS_PER_RUN.value, len(cores))
         print(f"{len(runs)} runs ({len(sweep.values)} values x {len(seeds)} seeds), {parallel} at once with "
               f"{threads} threads each", flush=True)
+        if _SHARE_WARM_START.value:
+            # First, so that a --warm_start_cache_dir among the training flags wins.
+            train_args = [f"--warm_start_cache_dir={out / 'warm_starts'}", *train_args]
         try:
             execute(runs, sweep.flag, subprocess_starter(train_args, sweep.flag, threads, cores, lock_fd), parallel,
                     log=lambda line: print(line, flush=True))

@@ -40,7 +40,7 @@ from conductor.model import load_conductor, save_trained_sampling
 from conductor.outcomes import conductor_outcomes
 from conductor.report import summarize
 from conductor.teachers import task_label_indices
-from conductor.warm_start import warm_start
+from conductor.warm_start import cached_warm_start, warm_start
 from launch.flag_groups import compilation as compilation_flags
 from launch.flag_groups import conductor as conductor_flags
 from launch.flag_groups import console as console_flags
@@ -119,10 +119,9 @@ def main(argv: list[str]) -> None:
 
     generation = generator_flags.from_flags()
     share_gpu_with_torch_generator(generation)  # before JAX's first computation
-    model, tokenizer, model_dir = load_conductor(
-        conductor_flags.from_flags(), distributed.process_dir(log_dir) / "conductor_init"
-    )
-    env = build_env(environment_flags.from_flags())
+    conductor_spec, env_spec = conductor_flags.from_flags(), environment_flags.from_flags()
+    model, tokenizer, model_dir = load_conductor(conductor_spec, distributed.process_dir(log_dir) / "conductor_init")
+    env = build_env(env_spec)
     environment = TokenizedConductorEnv(env, tokenizer)
     checkpointer = Checkpointer(checkpoint_dir, keep=_KEEP.value)
     fresh_run = checkpointer.latest_step() is None
@@ -132,8 +131,12 @@ def main(argv: list[str]) -> None:
     lora_base_dir = log_dir / "lora_base" if lora.enabled and warm_start_steps else model_dir
     if warm_start_steps and fresh_run:
         trainer = supervised_flags.from_flags(warm_start_steps, len(task_label_indices(environment)))
-        warm_start(model, environment, warm_start_steps, trainer, teacher_flags.from_flags(),
-                   sampling_flags.MASK_UNOFFERED_IDS.value)
+        teacher, mask = teacher_flags.from_flags(), sampling_flags.MASK_UNOFFERED_IDS.value
+        if supervised_flags.CACHE_DIR.value:
+            cached_warm_start(model, environment, warm_start_steps, trainer, teacher, mask, (conductor_spec, env_spec),
+                              pathlib.Path(supervised_flags.CACHE_DIR.value))
+        else:
+            warm_start(model, environment, warm_start_steps, trainer, teacher, mask)
     distributed.share_process_zero_weights(model)
     if lora_base_dir != model_dir and fresh_run and distributed.is_main_process():
         hf_io.save(model, lora_base_dir)  # whole on every process until the learner shards it

@@ -26,6 +26,13 @@ _LR_SCHEDULE = flags.DEFINE_enum(
     "After warmup: a constant rate, or a cosine decay to 0 at the last step (the student then settles on the "
     "teacher's average over many batches, e.g. uniform routing, rather than on the last few batches' draws).",
 )
+CACHE_DIR = flags.DEFINE_string(
+    "warm_start_cache_dir", None,
+    "A directory of warm-started Conductors keyed by everything that decides them (the Conductor and its seed, the "
+    "world, the warm-start's and the teacher's settings, --mask_unoffered_ids; not the code): a run whose key is "
+    "there loads it instead of warming up, and stores its own otherwise (conductor.warm_start.cached_warm_start). "
+    "launch.compare gives its runs one, so a sweep over an RL setting warms up once per seed.",
+)
 _BATCH = flags.DEFINE_integer("warm_start_batch_size", 8, "Warm-start examples per optimizer step.")
 _TASK_PROBE_WEIGHT = flags.DEFINE_float(
     "warm_start_task_probe_weight", 0.0,

@@ -148,9 +148,12 @@ def test_training_arguments_are_checked_name_by_name_and_value_by_value(train_li
             grid.check_train_args(args, train_like_flags)
 
 
-def test_plan_runs_every_value_of_a_seed_before_the_next_seed(tmp_path):
+def test_plan_runs_every_value_of_a_seed_before_the_next_seed_or_every_seed_of_a_value_first(tmp_path):
     runs = grid.plan(grid.Sweep("estimator", ("grpo", "rloo")), [0, 1], tmp_path)
     assert [(run.value, run.seed) for run in runs] == [("grpo", 0), ("rloo", 0), ("grpo", 1), ("rloo", 1)]
+    value_major = grid.plan(grid.Sweep("estimator", ("grpo", "rloo")), [0, 1], tmp_path, value_major=True)
+    assert [(run.value, run.seed) for run in value_major] == [("grpo", 0), ("grpo", 1), ("rloo", 0), ("rloo", 1)]
+    assert {run.logdir for run in value_major} == {run.logdir for run in runs}
     assert runs[3].logdir == tmp_path / "estimator=rloo" / "seed=1"
     assert grid.value_dirname("tasks", "mmlu_test/a b") == "tasks=mmlu_test_a_b"
     assert grid.seeds_from_flags(None, 3) == [0, 1, 2] and grid.seeds_from_flags(["4", "7"], 3) == [4, 7]
@@ -569,5 +572,10 @@ def test_a_real_two_by_two_sweep_trains_reports_and_skips_finished_runs_when_rer
         assert 0.0 <= entry["score"]["mean"] <= 1.0 and entry["last_fifth"]["half_width"] is not None
     assert summary["pairs"]["score"][0]["a"] == "grpo"
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+    # Every seed of grpo warms up first (the two at once) and stores it; rloo's runs load their seed's.
+    assert len([entry for entry in (tmp_path / "warm_starts").iterdir() if entry.is_dir()]) == 2
+    for seed in (0, 1):
+        assert "warm-start stored in" in (tmp_path / "estimator=grpo" / f"seed={seed}" / "train.stderr").read_text()
+        assert "warm-start loaded from" in (tmp_path / "estimator=rloo" / f"seed={seed}" / "train.stderr").read_text()
     second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert second.returncode == 0 and second.stdout.count("finished earlier, kept") == 4
