@@ -183,7 +183,8 @@ def load(
         if (hf_shape[::-1] if entry.transpose else hf_shape) != shape:
             raise ValueError(f"{entry.hf_name}: checkpoint shape {hf_shape} does not fit parameter shape {shape}")
         if mesh is None:
-            placement = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            # This process's own first device: in a multi-process run jax.devices()[0] is process 0's.
+            placement = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         else:
             placement = NamedSharding(mesh, sharding.partition_spec(entry.path, shape, mesh))
         variable.set_value(jax.make_array_from_callback(
