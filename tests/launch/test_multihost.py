@@ -62,8 +62,12 @@ def start(logdir: pathlib.Path, iterations: int, *extra_flags: str, processes: i
     point may restart itself in place), its output in `<logdir>.process<p>.log`."""
     command = [sys.executable, "-m", "launch.train", *FLAGS, f"--logdir={logdir}", f"--iterations={iterations}",
                *extra_flags]
+    # The suite's other XLA flags (tests/conftest.py: one Eigen thread where the workers fill the cores) stay.
+    xla_flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+                 if not flag.startswith("--xla_force_host_platform_device_count")]
     environment = os.environ | {
-        "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={4 // processes}"
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": " ".join([*xla_flags, f"--xla_force_host_platform_device_count={4 // processes}"]),
     }
     started = []
     for process in range(processes):
@@ -106,14 +110,19 @@ def checkpoint_params(logdir: pathlib.Path, step: int) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One process for one iteration, and an uninterrupted pair for two, side by side."""
+    """One process for one iteration, and an uninterrupted pair for two, side by side. The three processes would make
+    the same warm-start; through a shared cache one makes it and the other two load it."""
     root = tmp_path_factory.mktemp("multihost")
     one, pair = root / "one", root / "pair"
+    shared_warm_start = f"--warm_start_cache_dir={root / 'warm_starts'}"
     started = time.monotonic()
-    one_process = start(one, 1, processes=1)
-    pair_processes = start(pair, 2, processes=2, port=free_port())
+    one_process = start(one, 1, shared_warm_start, processes=1)
+    pair_processes = start(pair, 2, shared_warm_start, processes=2, port=free_port())
     finish(one_process, one)
     finish(pair_processes, pair)
+    logs = [output(one, 0), output(pair, 0), output(pair, 1)]
+    assert sum("warm-start stored in" in log for log in logs) == 1, logs
+    assert sum("warm-start loaded from" in log for log in logs) == 2, logs
     print(f"one process (1 iteration) and the pair (2 iterations) side by side: {time.monotonic() - started:.0f} s")
     return one, pair
 
