@@ -78,11 +78,11 @@ def _share_a_cache_between_the_runs_tests_start() -> None:
 
 
 def _one_thread_each_where_the_workers_fill_the_cores() -> None:
-    """With as many xdist workers as cores, one thread for torch, BLAS and XLA's Eigen kernels in every process the
-    tests start (`launch.train` as a user runs it), as `launch.compare` pins its runs (`sweeps.runner`): each core
-    already has a worker, so a second thread per pool only contends with the other worker's. Measured on the e2e
-    test's run beside two busy cores: 169 CPU-s against 209 with the default pools, at the same wall time. This
-    process's own XLA has started by now, so its Eigen pool keeps its size."""
+    """With as many xdist workers as cores, one thread for torch, BLAS and XLA's Eigen kernels in each worker and in
+    every process the tests start (`launch.train` as a user runs it), as `launch.compare` pins its runs
+    (`sweeps.runner`): each core already has a worker, so a second thread per pool only contends with the other
+    worker's. Measured beside two busy cores: the e2e test's run 169 CPU-s against 209 with the default pools, at the
+    same wall time; tests/rl/test_learner.py 288 against 303."""
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < len(os.sched_getaffinity(0)):
         return
     from sweeps.runner import thread_environment
@@ -91,9 +91,9 @@ def _one_thread_each_where_the_workers_fill_the_cores() -> None:
 
 
 _compile_in_process_without_a_persistent_cache()
+_one_thread_each_where_the_workers_fill_the_cores()  # before this process's JAX reads XLA_FLAGS
 _start_jax_with_unoptimised_codegen()
 _share_a_cache_between_the_runs_tests_start()
-_one_thread_each_where_the_workers_fill_the_cores()
 
 GIB = 1 << 30
 # A worker's process grows to 8 GiB over the suite (freed host memory stays mapped), and a training run it starts
