@@ -102,8 +102,8 @@ def seeds_from_flags(seeds: Sequence[str] | None, num_seeds: int) -> list[int]:
 
 def plan(sweep: Sweep, seeds: Sequence[int], out: pathlib.Path, value_major: bool = False) -> list[Run]:
     """Every (value, seed) run, seed-major: with fewer runs at once than runs, each value has a seed done early.
-    `value_major` runs every seed of the first value first: where the runs of a seed share its warm-start, the first
-    runs at once then warm up different seeds, and the later ones find theirs made."""
+    `value_major`: every seed of a value before the next value, so where the runs of a seed share its warm-start,
+    the first runs at once warm up different seeds and the later ones find theirs made."""
     pairs = ((seed, value) for value, seed in itertools.product(sweep.values, seeds)) if value_major else (
         itertools.product(seeds, sweep.values))
     return [Run(value, seed, out / value_dirname(sweep.flag, value) / f"seed={seed}") for seed, value in pairs]
