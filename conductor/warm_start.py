@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
@@ -13,7 +11,7 @@ import os
 import pathlib
 import random
 import shutil
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from flax import nnx
 
@@ -23,6 +21,7 @@ from env.pools import offered_ids
 from env.prompts import CONDUCTOR_PREFIX
 from env.workflow import WorkflowFormatError, parse_workflow
 from models import hf_io
+from models.zoo import exclusive
 from rl.supervised import Example, SFTConfig, SupervisedTrainer
 from rollout.types import SamplingParams
 
@@ -104,23 +103,19 @@ def warm_start(
     return history
 
 
+def _key_parts(steps: int, trainer_config: SFTConfig, teacher: TeacherConfig, mask_unoffered_ids: bool,
+               origin: Sequence[Any]) -> dict[str, Any]:
+    return {"steps": steps, "trainer": repr(trainer_config), "teacher": repr(teacher),
+            "mask_unoffered_ids": mask_unoffered_ids, "origin": [repr(part) for part in origin]}
+
+
 def warm_start_key(steps: int, trainer_config: SFTConfig, teacher: TeacherConfig, mask_unoffered_ids: bool,
                    origin: Sequence[Any]) -> str:
     """The sha256 of everything that decides a warm-start's result: its own settings and `origin`, the configs the
     model and the world it starts from were built from (the Conductor's spec with its seed, the world's spec). Not
     the code: a cache outlives no change to it that its user does not make on purpose."""
-    parts = [repr(steps), repr(trainer_config), repr(teacher), repr(mask_unoffered_ids), *map(repr, origin)]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-
-@contextlib.contextmanager
-def _exclusive(lock_path: pathlib.Path) -> Iterator[None]:
-    with open(lock_path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a run warming up the same key finishes it first; this one then loads it
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    parts = _key_parts(steps, trainer_config, teacher, mask_unoffered_ids, origin)
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def cached_warm_start(
@@ -135,7 +130,7 @@ def cached_warm_start(
     key = warm_start_key(steps, trainer_config, teacher, mask_unoffered_ids, origin)
     cache_dir.mkdir(parents=True, exist_ok=True)
     entry = cache_dir / key
-    with _exclusive(cache_dir / f"{key}.lock"):
+    with exclusive(cache_dir / f"{key}.lock"):  # one run warms up a key; the others then load it
         if (entry / "config.json").exists():
             config = model.config
             stored = hf_io.load(entry, dtype=config.dtype, param_dtype=config.param_dtype, remat=config.remat)
@@ -146,9 +141,8 @@ def cached_warm_start(
         partial = cache_dir / f"{key}.partial.{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         hf_io.save(model, partial)
-        (partial / "warm_start_key.json").write_text(json.dumps(
-            {"steps": steps, "trainer": repr(trainer_config), "teacher": repr(teacher),
-             "mask_unoffered_ids": mask_unoffered_ids, "origin": [repr(part) for part in origin]}, indent=1) + "\n")
+        parts = _key_parts(steps, trainer_config, teacher, mask_unoffered_ids, origin)
+        (partial / "warm_start_key.json").write_text(json.dumps(parts, indent=1, sort_keys=True) + "\n")
         os.replace(partial, entry)  # whole or absent: a run killed while saving leaves no entry to load
         log.info("warm-start stored in %s", entry)
         return False

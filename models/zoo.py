@@ -37,7 +37,7 @@ def smollm2_135m_instruct() -> pathlib.Path:
     target = cache_root() / SMOLLM2_DIR_NAME
     if (target / "model.safetensors").is_file():
         return target
-    with _exclusive(cache_root() / f".{SMOLLM2_DIR_NAME}.lock"):
+    with exclusive(cache_root() / f".{SMOLLM2_DIR_NAME}.lock"):
         if (target / "model.safetensors").is_file():  # another process finished while we waited
             return target
         with tempfile.TemporaryDirectory(dir=cache_root(), prefix=".staging-") as staging:
@@ -81,7 +81,9 @@ def copy_tokenizer(cache_home: str | os.PathLike) -> pathlib.Path:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: pathlib.Path) -> Iterator[None]:
+def exclusive(lock_path: pathlib.Path) -> Iterator[None]:
+    """Holds an exclusive `flock` on `lock_path` (created with its parent): processes, and threads that each open
+    it, wanting the same lock take turns."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock_file:
         fcntl.flock(lock_file, fcntl.LOCK_EX)

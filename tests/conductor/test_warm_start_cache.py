@@ -15,9 +15,10 @@ from flax import nnx
 from conductor.loop_environment import TokenizedConductorEnv
 from conductor.model import ConductorSpec, load_conductor
 from conductor.teachers import TeacherConfig
-from conductor.warm_start import _exclusive, cached_warm_start, warm_start, warm_start_key
+from conductor.warm_start import cached_warm_start, warm_start, warm_start_key
 from env.gym_env import ConductorEnv
 from env.worlds import SyntheticWorldConfig, build_world
+from models.zoo import exclusive
 from rl.learner import OptimizerConfig
 from rl.supervised import SFTConfig
 
@@ -78,12 +79,12 @@ def test_a_run_waits_for_another_warming_up_the_same_key(tmp_path):
     held, release, second_held = threading.Event(), threading.Event(), threading.Event()
 
     def first():
-        with _exclusive(lock_path):
+        with exclusive(lock_path):
             held.set()
             release.wait(30)
 
     def second():
-        with _exclusive(lock_path):
+        with exclusive(lock_path):
             second_held.set()
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
