@@ -71,3 +71,45 @@ def shard_model(model: nnx.Module, mesh: Mesh) -> None:
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Sharding of `[batch, ...]` inputs: rows split over `fsdp` (data parallel), replicated over `tp`."""
     return NamedSharding(mesh, PartitionSpec("fsdp"))
+
+
+def mesh_of(tree) -> Mesh | None:
+    """The mesh of the first leaf of `tree` that lies on one; None if none does."""
+    return next((s.mesh for s in shardings_of(tree) or () if s is not None), None)
+
+
+def replicate_off_mesh(tree, mesh: Mesh):
+    """`tree` with every leaf that is not on a mesh (an optimizer's step count, a head's parameters) replicated over
+    `mesh`: state a step returns on the mesh then comes in on it, so the step's second call runs the first's program."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(
+        lambda leaf: leaf if isinstance(leaf.sharding, NamedSharding) else jax.device_put(leaf, replicated), tree
+    )
+
+
+def shardings_of(tree) -> tuple[NamedSharding | None, ...] | None:
+    """The mesh sharding of each leaf of `tree` (arrays, or `jax.ShapeDtypeStruct`s with shardings; None for a leaf
+    on no mesh), as `keep_shardings` takes them (a hashable static argument of jit); None when no leaf is on a mesh."""
+    shardings = tuple(
+        leaf.sharding if isinstance(getattr(leaf, "sharding", None), NamedSharding) else None
+        for leaf in jax.tree.leaves(tree)
+    )
+    return shardings if any(s is not None for s in shardings) else None
+
+
+def keep_shardings(tree, shardings: tuple[NamedSharding | None, ...] | None):
+    """`tree`, traced inside jit, constrained leaf by leaf to `shardings` (`shardings_of`'s; None: left alone).
+
+    A jitted step otherwise returns its new state wherever XLA's sharding propagation puts it, which need not be where
+    the state came in: after one optimizer step a norm's weight came out split over `fsdp`, where the rules above
+    replicate it. The next step then compiled again for the new layout, and a run resumed from a checkpoint (restored
+    to the rules' layout) ran other programs than the run it resumed."""
+    if shardings is None:
+        return tree
+    leaves, structure = jax.tree.flatten(tree)
+    if len(leaves) != len(shardings):
+        raise ValueError(f"{len(leaves)} leaves but {len(shardings)} shardings")
+    return structure.unflatten([
+        leaf if sharding is None else jax.lax.with_sharding_constraint(leaf, sharding)
+        for leaf, sharding in zip(leaves, shardings)
+    ])

@@ -19,11 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx, struct
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from models.logprobs import completion_predictors, token_logprobs
 from models.lora import LoRAConfig, adapted, apply_lora
-from models.sharding import batch_sharding, shard_model
+from models.sharding import batch_sharding, keep_shardings, replicate_off_mesh, shard_model, shardings_of
 from rl import row_selection
 from rl.auxiliary import TermInputs
 from rl.losses import LossConfig, aggregation_weights, grpo_loss
@@ -260,15 +260,18 @@ def _batch_logprobs(graphdef, params, other_state, rows: ModelRows, *, completio
     return logprobs.reshape(rows.source.shape[0], -1)
 
 
-def _apply_gradients(params, opt_state, grads, config):
+def _apply_gradients(params, opt_state, grads, config, state_shardings):
+    """The optimizer's step, its new state left where the old one was (`models.sharding.keep_shardings`)."""
     updates, opt_state = config.optimizer.make().update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
+    return keep_shardings((optax.apply_updates(params, updates), opt_state), state_shardings)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "config"), donate_argnames=("params", "opt_state"))
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "config", "state_shardings"), donate_argnames=("params", "opt_state")
+)
 def _train_step(
     graphdef, params, other_state, opt_state, batch: Trajectories, model_rows: ModelRows, token_weights, ref_logprobs,
-    on_policy, optimizer_step, *, config,
+    on_policy, optimizer_step, *, config, state_shardings,
 ):
     """One optimizer step on a mini-batch, its gradient accumulated over micro-batches. `token_weights` are the
     aggregation weights of these rows within the whole mini-batch (`rl.losses.aggregation_weights`). `on_policy`
@@ -329,13 +332,13 @@ def _train_step(
         grads, metrics = jax.lax.scan(accumulate, zeros, micro_batches)
         metrics = jax.tree.map(lambda x: x.sum(axis=0), metrics)
     metrics["grad_norm"] = optax.global_norm(grads)
-    return *_apply_gradients(params, opt_state, grads, config), metrics
+    return *_apply_gradients(params, opt_state, grads, config, state_shardings), metrics
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("params", "opt_state"))
-def _zero_gradient_step(params, opt_state, *, config):
+@functools.partial(jax.jit, static_argnames=("config", "state_shardings"), donate_argnames=("params", "opt_state"))
+def _zero_gradient_step(params, opt_state, *, config, state_shardings):
     """The optimizer step of a mini-batch whose every row has a zero gradient."""
-    return _apply_gradients(params, opt_state, jax.tree.map(jnp.zeros_like, params), config)
+    return _apply_gradients(params, opt_state, jax.tree.map(jnp.zeros_like, params), config, state_shardings)
 
 
 @dataclasses.dataclass
@@ -379,11 +382,9 @@ class Learner:
         if mesh is not None:
             # State that follows no parameter (AdamW's step count) is replicated over the mesh, as the rest of the
             # state is placed by the parameters: a checkpoint restores every leaf where it finds it here.
-            replicated = NamedSharding(mesh, PartitionSpec())
-            self.opt_state = jax.tree.map(
-                lambda leaf: leaf if isinstance(leaf.sharding, NamedSharding) else jax.device_put(leaf, replicated),
-                self.opt_state,
-            )
+            self.opt_state = replicate_off_mesh(self.opt_state, mesh)
+        # Where the parameters and optimizer state live on the mesh; every step returns them there.
+        self._state_shardings = shardings_of((params, self.opt_state)) if mesh is not None else None
         # The reference is a frozen copy of the starting weights, and exists only when the KL term is on.
         self.reference_params = jax.tree.map(jnp.copy, params) if config.loss.kl_coef else None
         self.step = 0  # completed `update` calls
@@ -393,7 +394,7 @@ class Learner:
         self._shape_floors = {"rows": 0, "width": 0, "length": 0, "distinct": 1}
         # The zero-gradient step's program is compiled now: its input shapes never change, and the first mini-batch
         # without a gradient can come at any iteration, where it would compile mid-run.
-        _zero_gradient_step.lower(self.params, self.opt_state, config=config).compile()
+        _zero_gradient_step.lower(self.params, self.opt_state, config=config, state_shardings=self._state_shardings).compile()
 
     @property
     def params(self) -> nnx.State:
@@ -569,13 +570,15 @@ class Learner:
                 learning_rates.append(float(self._learning_rate(self.optimizer_step)))
                 # params and opt_state are donated: XLA updates their buffers in place.
                 if step is None:
-                    params, opt_state = _zero_gradient_step(params, opt_state, config=self.config)
+                    params, opt_state = _zero_gradient_step(
+                        params, opt_state, config=self.config, state_shardings=self._state_shardings
+                    )
                     metrics = None
                 else:
                     params, opt_state, metrics = _train_step(
                         self._graphdef, params, self._other_state, opt_state, step.batch, step.model_rows,
                         step.token_weights, step.ref_logprobs, np.bool_(epoch == 0 and index == 0 and first_on_policy),
-                        np.int32(self.optimizer_step), config=self.config,
+                        np.int32(self.optimizer_step), config=self.config, state_shardings=self._state_shardings,
                     )
                 nnx.update(self.model, params)
                 self.opt_state = opt_state

@@ -26,6 +26,7 @@ import optax
 from flax import nnx
 
 from models.logprobs import completion_predictors, token_logprobs
+from models.sharding import keep_shardings, mesh_of, replicate_off_mesh, shardings_of
 from rl import trajectories
 from rl.learner import OptimizerConfig
 from rl.trajectories import Trajectories
@@ -131,6 +132,11 @@ class SupervisedTrainer:
             self.head_params = config.head.init(model.config.hidden_size, jax.random.key(config.seed))
         self._optimizer = config.optimizer.make()
         self.opt_state = self._optimizer.init((params, self.head_params))
+        if (mesh := mesh_of(params)) is not None:
+            self.head_params, self.opt_state = replicate_off_mesh((self.head_params, self.opt_state), mesh)
+        # Where the parameters and optimizer state live on a mesh (`models.sharding.keep_shardings`): each step
+        # returns them there.
+        self._state_shardings = shardings_of(((params, self.head_params), self.opt_state))
         self._step = jax.jit(self._step_impl, static_argnames=("prompt_block",))
 
     def _step_impl(self, params, opt_state, batch: Trajectories, probe_indices, probe_labels, *, prompt_block: int):
@@ -153,7 +159,8 @@ class SupervisedTrainer:
 
         (_, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = self._optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, parts, optax.global_norm(grads)
+        params, opt_state = keep_shardings((optax.apply_updates(params, updates), opt_state), self._state_shardings)
+        return params, opt_state, parts, optax.global_norm(grads)
 
     def step(self, batch: Trajectories, probe_indices=None, probe_labels=None) -> dict[str, float]:
         """One gradient step; with a head, `probe_indices` (the completion token of each row whose predicting

@@ -126,7 +126,7 @@ def analyse(layout: Layout, layers: int, hf_config: dict[str, Any] = QWEN25_7B,
 
     from models.config import ModelConfig
     from models.lora import LoRAConfig
-    from models.sharding import make_mesh
+    from models.sharding import make_mesh, shardings_of
     from rl import learner as learner_module
     from rl.learner import Learner, LearnerConfig
     from rl.trajectories import build
@@ -157,7 +157,7 @@ def analyse(layout: Layout, layers: int, hf_config: dict[str, Any] = QWEN25_7B,
     start = time.perf_counter()
     compiled = learner_module._train_step.lower(
         graphdef, trainable, frozen, opt_state, step.batch, step.model_rows, step.token_weights, None,
-        np.bool_(True), np.int32(0), config=config,
+        np.bool_(True), np.int32(0), config=config, state_shardings=shardings_of((trainable, opt_state)),
     ).compile()
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
