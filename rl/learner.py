@@ -384,7 +384,7 @@ class Learner:
             # state is placed by the parameters: a checkpoint restores every leaf where it finds it here.
             self.opt_state = replicate_off_mesh(self.opt_state, mesh)
         # Where the parameters and optimizer state live on the mesh; every step returns them there.
-        self._state_shardings = shardings_of((params, self.opt_state)) if mesh is not None else None
+        self._state_shardings = shardings_of((params, self.opt_state))
         # The reference is a frozen copy of the starting weights, and exists only when the KL term is on.
         self.reference_params = jax.tree.map(jnp.copy, params) if config.loss.kl_coef else None
         self.step = 0  # completed `update` calls
@@ -394,7 +394,9 @@ class Learner:
         self._shape_floors = {"rows": 0, "width": 0, "length": 0, "distinct": 1}
         # The zero-gradient step's program is compiled now: its input shapes never change, and the first mini-batch
         # without a gradient can come at any iteration, where it would compile mid-run.
-        _zero_gradient_step.lower(self.params, self.opt_state, config=config, state_shardings=self._state_shardings).compile()
+        _zero_gradient_step.lower(
+            self.params, self.opt_state, config=config, state_shardings=self._state_shardings
+        ).compile()
 
     @property
     def params(self) -> nnx.State:
