@@ -15,10 +15,12 @@ from typing import Any, Sequence
 
 from flax import nnx
 
+from conductor.conductor_env import EnvSpec
 from conductor.loop_environment import TokenizedConductorEnv
 from conductor.teachers import TeacherConfig, teacher_examples
 from env.pools import offered_ids
 from env.prompts import CONDUCTOR_PREFIX
+from env.rewards import RewardConfig
 from env.workflow import WorkflowFormatError, parse_workflow
 from models import hf_io
 from models.zoo import exclusive
@@ -107,6 +109,15 @@ def _key_parts(steps: int, trainer_config: SFTConfig, teacher: TeacherConfig, ma
                origin: Sequence[Any]) -> dict[str, Any]:
     return {"steps": steps, "trainer": repr(trainer_config), "teacher": repr(teacher),
             "mask_unoffered_ids": mask_unoffered_ids, "origin": [repr(part) for part in origin]}
+
+
+def warm_start_origin(conductor_spec: Any, env_spec: EnvSpec) -> tuple[Any, EnvSpec]:
+    """The `origin` of a run's warm-start key: the Conductor's spec and the env's, its reward config set to the
+    default. No teacher reads the run's rewards (the world teacher weights routes by their grades, the rollouts
+    teacher filters its log by `min_reward`, a teacher setting) and no prompt shows them, so the runs of a
+    reward-shaping sweep (`--usd_penalty`, `--step_penalty`) share their seed's warm-start."""
+    general = dataclasses.replace(env_spec.config, reward=RewardConfig())
+    return conductor_spec, dataclasses.replace(env_spec, config=general)
 
 
 def warm_start_key(steps: int, trainer_config: SFTConfig, teacher: TeacherConfig, mask_unoffered_ids: bool,

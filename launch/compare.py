@@ -8,8 +8,8 @@ Every run is `python -m launch.train` with the flags given here (a `--flagfile` 
 the swept value and the seed alone. This program's own flags, `--logdir` (the sweep's directory) among them, are
 read from its command line only: a flagfile holds launch.train's flags, and its `--logdir` (every shipped one sets
 it) is replaced by each run's own, so no run writes into the flagfile's directory. Runs that warm up alike (the same
-seed, and a swept flag that does not change the warm-start, as an estimator's or a learning rate's) share it: the
-first stores it in `<logdir>/warm_starts`, the others load it (`--share_warm_start`, on by default;
+seed, and a swept flag that does not change the warm-start: an estimator, a learning rate, a reward's penalty)
+share it: the first stores it in `<logdir>/warm_starts`, the others load it (`--share_warm_start`, on by default;
 `--warm_start_cache_dir`). A `--checkpoint_dir` is refused: the runs would share it. The flag and every value are
 checked against launch.train's flags before any run starts. Up to `--parallel` runs train at once, each pinned to
 `--threads_per_run` cores of its own.

@@ -40,7 +40,7 @@ from conductor.model import load_conductor, save_trained_sampling
 from conductor.outcomes import conductor_outcomes
 from conductor.report import summarize
 from conductor.teachers import task_label_indices
-from conductor.warm_start import cached_warm_start, warm_start
+from conductor.warm_start import cached_warm_start, warm_start, warm_start_origin
 from launch.flag_groups import compilation as compilation_flags
 from launch.flag_groups import conductor as conductor_flags
 from launch.flag_groups import console as console_flags
@@ -133,7 +133,8 @@ def main(argv: list[str]) -> None:
         trainer = supervised_flags.from_flags(warm_start_steps, len(task_label_indices(environment)))
         teacher, mask = teacher_flags.from_flags(), sampling_flags.MASK_UNOFFERED_IDS.value
         if supervised_flags.CACHE_DIR.value:
-            cached_warm_start(model, environment, warm_start_steps, trainer, teacher, mask, (conductor_spec, env_spec),
+            cached_warm_start(model, environment, warm_start_steps, trainer, teacher, mask,
+                              warm_start_origin(conductor_spec, env_spec),
                               pathlib.Path(supervised_flags.CACHE_DIR.value))
         else:
             warm_start(model, environment, warm_start_steps, trainer, teacher, mask)

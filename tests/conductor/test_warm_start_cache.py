@@ -1,5 +1,5 @@
-"""A warm-start cache entry holds, bit for bit, what the warm-start makes; a different seed or setting has another key
-(`conductor.warm_start.cached_warm_start`)."""
+"""A warm-start cache entry holds, bit for bit, what the warm-start makes; a different seed or setting has another key,
+a different reward the same (`conductor.warm_start.cached_warm_start`, `warm_start_origin`)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conductor.conductor_env import EnvSpec, build_env
 from conductor.loop_environment import TokenizedConductorEnv
 from conductor.model import ConductorSpec, load_conductor
 from conductor.teachers import TeacherConfig
-from conductor.warm_start import cached_warm_start, warm_start, warm_start_key
-from env.gym_env import ConductorEnv
+from conductor.warm_start import cached_warm_start, warm_start, warm_start_key, warm_start_origin
+from env.gym_env import ConductorEnv, EnvConfig
+from env.rewards import RewardConfig
 from env.worlds import SyntheticWorldConfig, build_world
 from models.zoo import exclusive
 from rl.learner import OptimizerConfig
@@ -71,6 +73,36 @@ def test_the_key_changes_with_everything_that_decides_the_warm_start(change):
             "origin": (ConductorSpec(name="tiny"), WORLD)}
     assert warm_start_key(**base) == warm_start_key(**base)
     assert warm_start_key(**{**base, **change}) != warm_start_key(**base)
+
+
+def test_runs_that_differ_in_their_reward_alone_share_a_key():
+    spec = ConductorSpec(name="tiny")
+
+    def key(env_spec):
+        return warm_start_key(STEPS, TRAINER, TEACHER, False, warm_start_origin(spec, env_spec))
+
+    penalised = EnvConfig(reward=RewardConfig(wrong=0.0, step_penalty=0.2, usd_penalty=10.0))
+    assert key(EnvSpec(WORLD, penalised)) == key(EnvSpec(WORLD))
+    assert key(EnvSpec(WORLD, EnvConfig(seed=1))) != key(EnvSpec(WORLD))
+    assert key(EnvSpec(WORLD, EnvConfig(expected_grades=True))) != key(EnvSpec(WORLD))
+
+
+@pytest.mark.parametrize("teacher", [TeacherConfig(), TeacherConfig(teacher="world")])
+def test_a_warm_start_is_the_same_under_another_reward(teacher, tmp_path):
+    # What makes the shared key right: the world teacher executes and grades its routes, and still reads no reward.
+    # Expected grades, as 0/1 draws from workers without a seed are fresh in each env.
+    results = []
+    for index, reward in enumerate([RewardConfig(), RewardConfig(wrong=0.0, step_penalty=0.3, usd_penalty=50.0)]):
+        spec = ConductorSpec(name="tiny", tiny_layers=1, tiny_width=32, seed=0)
+        model, tokenizer, _ = load_conductor(spec, tmp_path / f"init{index}")
+        environment = TokenizedConductorEnv(build_env(EnvSpec(WORLD, EnvConfig(expected_grades=True, reward=reward))),
+                                            tokenizer)
+        before = params(model)
+        warm_start(model, environment, STEPS, TRAINER, teacher)
+        results.append(params(model))
+        assert any(not np.array_equal(a, b) for a, b in zip(before, results[-1]))
+    for got, want in zip(*results, strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_a_run_waits_for_another_warming_up_the_same_key(tmp_path):
