@@ -19,7 +19,14 @@ greedy test points (launch.compare's run_summary.json files of a --usd_penalty s
         --conductor_runs='runs/frontier_sweep/*/seed=*/run_summary.json' --plot=docs/zeroeval-frontier.png
 
 writing conductor.json and conductor.md (per penalty, over seeds, against o1-mini alone and the per-task best) and the
-PNG: each model alone, the task-routing frontier, the router ceiling and the Conductor's points, on the test split
+PNG. `--conductor_labels` names each glob's runs (an estimator, a recipe), which then get rows and a marker of their
+own:
+
+    python -m launch.zeroeval --results=runs/zeroeval/results.json --logdir=runs/zeroeval \
+        --conductor_runs='runs/grpo_sweep/*/seed=*/run_summary.json,runs/dr_grpo_sweep/*/seed=*/run_summary.json' \
+        --conductor_labels=GRPO,Dr. GRPO
+
+The PNG shows each model alone, the task-routing frontier, the router ceiling and the Conductor's points, on the test split
 with cl100k_base tokens and o1-mini's visible output (x1). --plot alone draws the reference points without runs.
 """
 
@@ -65,6 +72,10 @@ _RESULTS = flags.DEFINE_string(
 )
 _CONDUCTOR_RUNS = flags.DEFINE_list(
     "conductor_runs", [], "Globs of launch.compare run_summary.json files of zeroeval --usd_penalty runs.",
+    flag_values=ZEROEVAL_FLAGS,
+)
+_CONDUCTOR_LABELS = flags.DEFINE_list(
+    "conductor_labels", [], "A label per --conductor_runs glob, in order (none: the runs are one recipe's).",
     flag_values=ZEROEVAL_FLAGS,
 )
 _PLOT = flags.DEFINE_string(
@@ -217,15 +228,17 @@ def run(directory: pathlib.Path, factors: Sequence[float], split_seed: int) -> d
 
 @dataclasses.dataclass(frozen=True)
 class ConductorRun:
-    """One trained Conductor's greedy point on the test split; `penalty` is its --usd_penalty."""
+    """One trained Conductor's greedy point on the test split; `penalty` is its --usd_penalty, `label` its recipe's
+    name where runs of several are compared."""
 
     penalty: float
     seed: int
     accuracy: float
     cost_usd_per_question: float
+    label: str = ""
 
 
-def conductor_runs(paths: Sequence[pathlib.Path]) -> list[ConductorRun]:
+def conductor_runs(paths: Sequence[pathlib.Path], label: str = "") -> list[ConductorRun]:
     """Runs recorded as launch.compare records them (run_summary.json: flag, value, seed and train_summary, whose
     eval holds the zeroeval evaluation's accuracy and cost_usd_per_question)."""
     runs = []
@@ -238,7 +251,7 @@ def conductor_runs(paths: Sequence[pathlib.Path]) -> list[ConductorRun]:
             raise ValueError(f"{path}: its summary has no eval.accuracy and eval.cost_usd_per_question, which "
                              "launch.train writes on the zeroeval world with --eval_tasks")
         runs.append(ConductorRun(float(record["value"]), int(record["seed"]), float(evaluation["accuracy"]),
-                                 float(evaluation["cost_usd_per_question"])))
+                                 float(evaluation["cost_usd_per_question"]), label))
     return runs
 
 
@@ -247,19 +260,19 @@ def _sd(values: np.ndarray) -> float:
 
 
 def conductor_table(runs: Sequence[ConductorRun], reference: dict) -> list[dict]:
-    """Per penalty, over its seeds: mean and sample standard deviation of accuracy and cost, the mean cost as a
+    """Per label and penalty, over its seeds: mean and sample standard deviation of accuracy and cost, the mean cost as a
     fraction of o1-mini alone's, and how many seeds meet each goal of the issue: accuracy at least the per-task best
     routing's minus 0.5 points; within 1 point of o1-mini alone at no more than half its cost."""
     o1 = reference["single"][_O1_MINI]
     best = reference["per_task_best"]["accuracy"]
     rows = []
-    for penalty in sorted({run.penalty for run in runs}):
-        mine = [run for run in runs if run.penalty == penalty]
+    for label, penalty in sorted({(run.label, run.penalty) for run in runs}):
+        mine = [run for run in runs if (run.label, run.penalty) == (label, penalty)]
         accuracy = np.array([run.accuracy for run in mine])
         cost = np.array([run.cost_usd_per_question for run in mine])
         cheap_and_close = (accuracy >= o1["accuracy"] - 0.01) & (cost <= 0.5 * o1["cost_usd_per_question"])
         rows.append({
-            "usd_penalty": penalty, "seeds": sorted(run.seed for run in mine),
+            "label": label, "usd_penalty": penalty, "seeds": sorted(run.seed for run in mine),
             "accuracy_mean": float(accuracy.mean()), "accuracy_sd": _sd(accuracy),
             "cost_usd_per_question_mean": float(cost.mean()), "cost_usd_per_question_sd": _sd(cost),
             "cost_over_o1_mini": float(cost.mean() / o1["cost_usd_per_question"]),
@@ -272,15 +285,17 @@ def conductor_table(runs: Sequence[ConductorRun], reference: dict) -> list[dict]
 def conductor_markdown(table: Sequence[dict], reference: dict) -> str:
     o1 = reference["single"][_O1_MINI]
     best = reference["per_task_best"]
+    labelled = any(row["label"] for row in table)
     lines = [f"# The Conductor on the zeroeval test split ({CONDUCTOR_SETTING})", "",
              f"o1-mini alone {_pct(o1['accuracy'])}% at ${_per_k(o1['cost_usd_per_question'])}/1k; per-task best "
              f"{_pct(best['accuracy'])}% at ${_per_k(best['cost_usd_per_question'])}/1k ({best['route']}).", "",
-             "| --usd_penalty | seeds | accuracy % (mean ± sd) | $/1k q (mean ± sd) | cost ÷ o1-mini | "
-             ">= per-task best - 0.5 | within 1 point of o1-mini at <= 50% cost |", "|---|---|---|---|---|---|---|"]
+             "| " + "runs | " * labelled + "--usd_penalty | seeds | accuracy % (mean ± sd) | $/1k q (mean ± sd) | "
+             "cost ÷ o1-mini | >= per-task best - 0.5 | within 1 point of o1-mini at <= 50% cost |",
+             "|---" * (7 + labelled) + "|"]
     for row in table:
         seeds = len(row["seeds"])
         lines.append(
-            f"| {row['usd_penalty']:g} | {', '.join(map(str, row['seeds']))} | {_pct(row['accuracy_mean'])} ± "
+            "| " + f"{row['label']} | " * labelled + f"{row['usd_penalty']:g} | {', '.join(map(str, row['seeds']))} | {_pct(row['accuracy_mean'])} ± "
             f"{_pct(row['accuracy_sd'])} | {_per_k(row['cost_usd_per_question_mean'])} ± "
             f"{_per_k(row['cost_usd_per_question_sd'])} | {row['cost_over_o1_mini']:.3f} | "
             f"{row['seeds_within_half_point_of_per_task_best']}/{seeds} | "
@@ -292,7 +307,8 @@ def frontier_figure(reference: dict, router: Sequence[dict], runs: Sequence[Cond
                     path: pathlib.Path) -> None:
     """Accuracy against $ per 1,000 questions (log scale): each model alone, the exact task-routing frontier, the
     text router's ceiling, the per-question oracle, the goal's region (within 1 point of o1-mini at no more than half
-    its cost) and each Conductor run, coloured by its --usd_penalty, with the mean over its seeds as a star."""
+    its cost) and each Conductor run, coloured by its --usd_penalty and shaped by its label, with the mean over its
+    seeds as a large marker."""
     import matplotlib  # only this mode draws; the rest of the program runs without a display
 
     matplotlib.use("Agg")
@@ -319,14 +335,17 @@ def frontier_figure(reference: dict, router: Sequence[dict], runs: Sequence[Cond
                                  101 - 100 * o1["accuracy"], color="tab:green", alpha=0.15,
                                  label="goal: within 1 point of o1-mini at <= 50% of its cost"))
     penalties = sorted({run.penalty for run in runs})
+    labels = sorted({run.label for run in runs})
     colours = plt.get_cmap("plasma")
-    for index, penalty in enumerate(penalties):
-        mine = [vars(run) for run in runs if run.penalty == penalty]
-        colour = colours(0.85 * index / max(len(penalties) - 1, 1))
-        axes.scatter(*xy(mine), s=16, alpha=0.6, color=colour)
+    for label, penalty in sorted({(run.label, run.penalty) for run in runs}):
+        mine = [vars(run) for run in runs if (run.label, run.penalty) == (label, penalty)]
+        colour = colours(0.85 * penalties.index(penalty) / max(len(penalties) - 1, 1))
+        marker = "*PXov^"[labels.index(label) % 6]
+        axes.scatter(*xy(mine), s=16, alpha=0.6, color=colour, marker=marker)
         (x,), (y,) = xy([{key: np.mean([run[key] for run in mine]) for key in ("accuracy", "cost_usd_per_question")}])
-        axes.scatter(x, y, s=110, marker="*", color=colour, edgecolors="black",
-                     label=f"Conductor, --usd_penalty={penalty:g} ({len(mine)} seed{'s' * (len(mine) > 1)})")
+        axes.scatter(x, y, s=110, marker=marker, color=colour, edgecolors="black",
+                     label=f"Conductor{', ' + label if label else ''}, --usd_penalty={penalty:g} "
+                           f"({len(mine)} seed{'s' * (len(mine) > 1)})")
     axes.set_xlim(left=left)
     axes.set_ylim(50, 100)
     axes.set_xlabel("$ per 1,000 test questions (cl100k_base tokens x list prices; o1-mini's visible output only)")
@@ -338,12 +357,11 @@ def frontier_figure(reference: dict, router: Sequence[dict], runs: Sequence[Cond
     plt.close(figure)
 
 
-def report_conductor(results: dict, paths: Sequence[pathlib.Path], out: pathlib.Path, plot: pathlib.Path) -> str:
-    """conductor.json, conductor.md and the PNG from `results` (this program's) and the runs at `paths`."""
-    if not paths:
+def report_conductor(results: dict, runs: Sequence[ConductorRun], out: pathlib.Path, plot: pathlib.Path) -> str:
+    """conductor.json, conductor.md and the PNG from `results` (this program's) and the Conductor's `runs`."""
+    if not runs:
         raise ValueError("--conductor_runs matched no file")
     reference = results["costs"][CONDUCTOR_SETTING]["test"]
-    runs = conductor_runs(paths)
     table = conductor_table(runs, reference)
     (out / "conductor.json").write_text(json.dumps({"runs": [vars(run) for run in runs], "table": table}, indent=1))
     text = conductor_markdown(table, reference)
@@ -367,11 +385,18 @@ def main(argv: list[str]) -> None:
         text = markdown(results)
         (out / "results.md").write_text(text)
         print(text)
+    if _CONDUCTOR_LABELS.value and len(_CONDUCTOR_LABELS.value) != len(_CONDUCTOR_RUNS.value):
+        raise app.UsageError(f"{len(_CONDUCTOR_LABELS.value)} --conductor_labels for {len(_CONDUCTOR_RUNS.value)} "
+                             "--conductor_runs globs: give one label per glob, or none")
     if _CONDUCTOR_RUNS.value:
-        paths = sorted({path for pattern in _CONDUCTOR_RUNS.value for path in glob.glob(pattern)})
+        labels = _CONDUCTOR_LABELS.value or [""] * len(_CONDUCTOR_RUNS.value)
+        label_of: dict[str, str] = {}  # a file two globs match counts once, under the first one's label
+        for pattern, label in zip(_CONDUCTOR_RUNS.value, labels):
+            for path in sorted(glob.glob(pattern)):
+                label_of.setdefault(path, label)
         try:
-            print(report_conductor(results, [pathlib.Path(p) for p in paths], out,
-                                   pathlib.Path(_PLOT.value or out / "frontier.png")))
+            runs = [run for path, label in label_of.items() for run in conductor_runs([pathlib.Path(path)], label)]
+            print(report_conductor(results, runs, out, pathlib.Path(_PLOT.value or out / "frontier.png")))
         except ValueError as error:
             raise app.UsageError(str(error)) from error
     elif _PLOT.value:

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from absl import flags
+from absl import app, flags
 
 from env.tasks import zeroeval as z
 from launch import zeroeval as program
@@ -142,8 +142,51 @@ def test_the_conductor_report_writes_its_table_and_a_png_of_the_frontier(tmp_pat
     path = _run_summary(tmp_path / "run", "usd_penalty", "0", 100, {"accuracy": 0.91, "cost_usd_per_question": 0.003})
     results = {"costs": {program.CONDUCTOR_SETTING: {"test": REFERENCE}},
                "router": {"points": [{"usd_weight": 0.0, "accuracy": 0.9, "cost_usd_per_question": 0.004}]}}
-    text = program.report_conductor(results, [path], tmp_path, tmp_path / "frontier.png")
+    text = program.report_conductor(results, program.conductor_runs([path]), tmp_path, tmp_path / "frontier.png")
     assert "| 0 | 100 | 91.00 ± 0.00 | 3.000 ± 0.000 | 0.750 | 0/1 | 0/1 |" in text
     assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     recorded = json.loads((tmp_path / "conductor.json").read_text())
-    assert recorded["runs"] == [{"penalty": 0.0, "seed": 100, "accuracy": 0.91, "cost_usd_per_question": 0.003}]
+    assert recorded["runs"] == [
+        {"penalty": 0.0, "seed": 100, "accuracy": 0.91, "cost_usd_per_question": 0.003, "label": ""}]
+
+
+def _labelled_sweeps(tmp_path):
+    """Two recipes' sweeps at penalty 10, seeds 1 and 2, and the results.json they are reported against."""
+    for recipe, accuracies in (("grpo", (0.70, 0.72)), ("dr_grpo", (0.93, 0.91))):
+        for seed, accuracy in zip((1, 2), accuracies):
+            _run_summary(tmp_path / recipe / f"seed={seed}", "usd_penalty", "10", seed,
+                         {"accuracy": accuracy, "cost_usd_per_question": 0.001})
+    results = {"costs": {program.CONDUCTOR_SETTING: {"test": REFERENCE}},
+               "router": {"points": [{"usd_weight": 0.0, "accuracy": 0.9, "cost_usd_per_question": 0.004}]}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    return [f"{tmp_path / recipe}/seed=*/run_summary.json" for recipe in ("grpo", "dr_grpo")]
+
+
+def _main(argv):
+    try:
+        program.parse_flags(["zeroeval", *argv])
+        program.main([])
+    finally:
+        program.ZEROEVAL_FLAGS.unparse_flags()
+
+
+def test_labelled_globs_get_rows_of_their_own_and_overlapping_globs_count_a_run_once(tmp_path, capsys):
+    grpo, dr_grpo = _labelled_sweeps(tmp_path)
+    _main([f"--results={tmp_path / 'results.json'}", f"--logdir={tmp_path / 'out'}", f"--plot={tmp_path / 'f.png'}",
+           f"--conductor_runs={grpo},{dr_grpo},{tmp_path}/*/seed=1/run_summary.json",
+           "--conductor_labels=GRPO,Dr. GRPO,again"])
+    text = capsys.readouterr().out
+    assert "| runs | --usd_penalty | seeds |" in text
+    assert "| GRPO | 10 | 1, 2 | 71.00 ± 1.41 |" in text and "| Dr. GRPO | 10 | 1, 2 | 92.00 ± 1.41 |" in text
+    assert "again" not in text  # its files were matched first by the labelled globs before it
+    table = json.loads((tmp_path / "out" / "conductor.json").read_text())["table"]
+    assert [(row["label"], row["seeds_within_half_point_of_per_task_best"]) for row in table] == [
+        ("Dr. GRPO", 1), ("GRPO", 0)]
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_label_count_unlike_the_globs_is_a_usage_error(tmp_path):
+    grpo, dr_grpo = _labelled_sweeps(tmp_path)
+    with pytest.raises(app.UsageError, match="1 --conductor_labels for 2 --conductor_runs globs"):
+        _main([f"--results={tmp_path / 'results.json'}", f"--logdir={tmp_path / 'out'}",
+               f"--conductor_runs={grpo},{dr_grpo}", "--conductor_labels=GRPO"])
