@@ -26,8 +26,8 @@ own:
         --conductor_runs='runs/grpo_sweep/*/seed=*/run_summary.json,runs/dr_grpo_sweep/*/seed=*/run_summary.json' \
         --conductor_labels=GRPO,Dr. GRPO
 
-The PNG shows each model alone, the task-routing frontier, the router ceiling and the Conductor's points, on the test split
-with cl100k_base tokens and o1-mini's visible output (x1). --plot alone draws the reference points without runs.
+The PNG shows each model alone, the task-routing frontier, the router ceiling and the Conductor's points, on the test
+split with cl100k_base tokens and o1-mini's visible output (x1). --plot alone draws the reference points without runs.
 """
 
 from __future__ import annotations
@@ -260,9 +260,9 @@ def _sd(values: np.ndarray) -> float:
 
 
 def conductor_table(runs: Sequence[ConductorRun], reference: dict) -> list[dict]:
-    """Per label and penalty, over its seeds: mean and sample standard deviation of accuracy and cost, the mean cost as a
-    fraction of o1-mini alone's, and how many seeds meet each goal of the issue: accuracy at least the per-task best
-    routing's minus 0.5 points; within 1 point of o1-mini alone at no more than half its cost."""
+    """Per label and penalty, over its seeds: mean and sample standard deviation of accuracy and cost, the mean cost
+    as a fraction of o1-mini alone's, and how many seeds meet each goal of the issue: accuracy at least the per-task
+    best routing's minus 0.5 points; within 1 point of o1-mini alone at no more than half its cost."""
     o1 = reference["single"][_O1_MINI]
     best = reference["per_task_best"]["accuracy"]
     rows = []
@@ -295,7 +295,8 @@ def conductor_markdown(table: Sequence[dict], reference: dict) -> str:
     for row in table:
         seeds = len(row["seeds"])
         lines.append(
-            "| " + f"{row['label']} | " * labelled + f"{row['usd_penalty']:g} | {', '.join(map(str, row['seeds']))} | {_pct(row['accuracy_mean'])} ± "
+            "| " + f"{row['label']} | " * labelled + f"{row['usd_penalty']:g} | {', '.join(map(str, row['seeds']))} | "
+            f"{_pct(row['accuracy_mean'])} ± "
             f"{_pct(row['accuracy_sd'])} | {_per_k(row['cost_usd_per_question_mean'])} ± "
             f"{_per_k(row['cost_usd_per_question_sd'])} | {row['cost_over_o1_mini']:.3f} | "
             f"{row['seeds_within_half_point_of_per_task_best']}/{seeds} | "
@@ -375,6 +376,9 @@ def main(argv: list[str]) -> None:
     factors = [float(f) for f in _O1_FACTORS.value]
     if not factors or any(f < 1 for f in factors):
         raise app.UsageError(f"--o1_mini_output_factors must be numbers >= 1, got {_O1_FACTORS.value}")
+    if _CONDUCTOR_LABELS.value and len(_CONDUCTOR_LABELS.value) != len(_CONDUCTOR_RUNS.value):
+        raise app.UsageError(f"{len(_CONDUCTOR_LABELS.value)} --conductor_labels for {len(_CONDUCTOR_RUNS.value)} "
+                             "--conductor_runs globs: give one label per glob, or none")
     out = pathlib.Path(_LOGDIR.value)
     out.mkdir(parents=True, exist_ok=True)
     if _RESULTS.value:
@@ -385,9 +389,6 @@ def main(argv: list[str]) -> None:
         text = markdown(results)
         (out / "results.md").write_text(text)
         print(text)
-    if _CONDUCTOR_LABELS.value and len(_CONDUCTOR_LABELS.value) != len(_CONDUCTOR_RUNS.value):
-        raise app.UsageError(f"{len(_CONDUCTOR_LABELS.value)} --conductor_labels for {len(_CONDUCTOR_RUNS.value)} "
-                             "--conductor_runs globs: give one label per glob, or none")
     if _CONDUCTOR_RUNS.value:
         labels = _CONDUCTOR_LABELS.value or [""] * len(_CONDUCTOR_RUNS.value)
         label_of: dict[str, str] = {}  # a file two globs match counts once, under the first one's label
