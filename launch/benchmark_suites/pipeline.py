@@ -46,6 +46,7 @@ from models import hf_io
 from rl.learner import Learner
 from rl.loop import TrainingLoop
 from rl.metrics import first_and_last_fifth
+from sweeps.stats import mean_interval
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,6 @@ STALENESS = (0, 1, 2)
 LATENCY_MEDIAN_S = 0.5
 LATENCY_SIGMA = 1.0
 GOAL_SPEEDUP_K1 = 1.8
-# Student's t at 97.5% for n - 1 degrees of freedom, n = len(SEEDS).
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}
 
 
 def _recipe_flags() -> None:
@@ -126,12 +125,6 @@ def run() -> Report:
     return _report(runs)
 
 
-def _interval(values: list[float]) -> tuple[float, float]:
-    mean = statistics.mean(values)
-    half = T_975[len(values) - 1] * statistics.stdev(values) / len(values) ** 0.5
-    return mean - half, mean + half
-
-
 def _report(runs: dict[tuple[int, int], dict[str, float]]) -> Report:
     rows, figures = [], {}
     for k in STALENESS:
@@ -148,7 +141,8 @@ def _report(runs: dict[tuple[int, int], dict[str, float]]) -> Report:
         figures[f"rows_dropped_k{k}"] = mean["rows_dropped"]
         if k:
             figures[f"async_speedup_k{k}"] = statistics.mean(speedups)
-    low, high = _interval(figures["rewards_k0"])
+    interval = mean_interval(figures["rewards_k0"])
+    low, high = interval["low"], interval["high"]
     k0 = [runs[seed, 0] for seed in SEEDS]
     balanced = statistics.mean(r["generate_execute_s"] for r in k0) >= statistics.mean(r["learn_s"] for r in k0)
     figures.update(
