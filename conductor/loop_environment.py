@@ -7,15 +7,21 @@ import bisect
 import functools
 import re
 import threading
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 from conductor.advantages import ROUTE
+from conductor.format_mask import WorkflowFormatMask
 from conductor.id_mask import OfferedIdsMask
 from env.gym_env import ConductorEnv, Scored
 from env.pools import offered_ids
 from env.workflow import AccessMode, Step, Workflow, render_workflow
 from models.tokenizer import render_chat
 from rl.loop import Rollout
+
+# What decoding is masked to: nothing, the offered model ids (`conductor.id_mask`) or the whole workflow over them
+# (`conductor.format_mask`).
+TokenMasks = Literal["none", "ids", "workflow"]
+TOKEN_MASKS = get_args(TokenMasks)
 
 
 def rollout_metrics(scored: Scored) -> dict[str, float]:
@@ -82,14 +88,23 @@ class TokenizedConductorEnv:
     runs many groups' workflows at once; the tokenizer is used by one thread at a time (a fast tokenizer is not
     safe to share)."""
 
-    def __init__(self, env: ConductorEnv, tokenizer: Any):
+    def __init__(self, env: ConductorEnv, tokenizer: Any, token_masks: TokenMasks = "none",
+                 max_tokens: int | None = None):
+        if token_masks not in TOKEN_MASKS:
+            raise ValueError(f"token_masks must be one of {TOKEN_MASKS}, got {token_masks!r}")
+        if token_masks == "workflow" and env.config.recursion_rounds:
+            raise ValueError("the workflow-format mask covers first-round workflows; it does not take recursion rounds")
+        if token_masks == "workflow" and max_tokens is None:
+            raise ValueError("the workflow-format mask needs the completion limit (max_tokens) it fits workflows in")
         self.env = env
         self.tokenizer = tokenizer
+        self.token_masks = token_masks
+        self.max_tokens = max_tokens
         self.tasks = env.world.tasks
         self.num_questions = len(self.tasks)
         self.question_labels = [task.task_label for task in self.tasks]
         self._prompts: dict[int, list[int]] = {}
-        self._masks: dict[tuple[int, ...], OfferedIdsMask] = {}
+        self._masks: dict[tuple[int, ...], OfferedIdsMask | WorkflowFormatMask] = {}
         self._tokenizer_lock = threading.RLock()
 
     @functools.cached_property
@@ -110,12 +125,25 @@ class TokenizedConductorEnv:
                 self._prompts[question] = render_chat(self.tokenizer, observation["messages"], observation["prefix"])
             return self._prompts[question]
 
-    def token_mask(self, question: int) -> OfferedIdsMask:
-        """The mask that keeps the question's model ids among those it offers (`conductor.id_mask`); questions offered
-        the same pool share one."""
+    @property
+    def masked(self) -> bool:
+        """Whether the Conductor decodes under `token_mask` (in training, the warm-start and the evaluation)."""
+        return self.token_masks != "none"
+
+    def token_mask(self, question: int) -> OfferedIdsMask | WorkflowFormatMask:
+        """The mask `token_masks` names for the question's offered ids: its model ids among them
+        (`conductor.id_mask`), or the whole workflow over them (`conductor.format_mask`); questions offered the same
+        pool share one."""
+        if not self.masked:
+            raise ValueError("this environment decodes without token masks (token_masks='none')")
         ids = offered_ids(self.tasks[question], len(self.env.world.pool))
         if ids not in self._masks:
-            self._masks[ids] = OfferedIdsMask(self.tokenizer, ids)
+            config = self.env.config
+            self._masks[ids] = (
+                WorkflowFormatMask(self.tokenizer, ids, config.max_steps, config.access_mode,
+                                   (self.tokenizer.eos_token_id,), self.max_tokens)
+                if self.token_masks == "workflow" else OfferedIdsMask(self.tokenizer, ids)
+            )
         return self._masks[ids]
 
     def decode(self, token_ids: Sequence[int]) -> str:

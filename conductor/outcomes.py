@@ -87,13 +87,13 @@ def _episode_outcome(task: Task, repeat: int, rounds: Sequence[_Round]) -> Outco
     return Outcome(task.id, task.task_label, repeat, metrics, workers, workflows[-1])
 
 
-def _token_masks(environment: TokenizedConductorEnv, questions: Sequence[int], mask: bool) -> list[Any] | None:
-    return [environment.token_mask(q) for q in questions] if mask else None
+def _token_masks(environment: TokenizedConductorEnv, questions: Sequence[int]) -> list[Any] | None:
+    return [environment.token_mask(q) for q in questions] if environment.masked else None
 
 
 def _episodes(
     generator: Any, environment: TokenizedConductorEnv, params: SamplingParams, repeat: int, first_question: int,
-    questions: Sequence[int], completions: Sequence[Sequence[int]], mask_unoffered_ids: bool,
+    questions: Sequence[int], completions: Sequence[Sequence[int]],
 ) -> list[list[_Round]]:
     """Scores the first-round `completions` and runs the recursion rounds the env asks for (`--recursion_rounds`):
     each round the world gives a follow-up prompt gets one completion, scored on the round before it."""
@@ -105,7 +105,7 @@ def _episodes(
         round_index += 1
         prompts = [list(episodes[i][-1].rollout.followup_prompt_ids) for i in following]
         follow_questions = [questions[i] for i in following]
-        masks = _token_masks(environment, follow_questions, mask_unoffered_ids)
+        masks = _token_masks(environment, follow_questions)
         groups = generator.generate(
             prompts, _batch_seeded(params, repeat, first_question, round_index), 1, token_masks=masks
         )
@@ -123,7 +123,6 @@ def _episodes(
 
 def conductor_outcomes(
     generator: Any, environment: TokenizedConductorEnv, params: SamplingParams, repeats: int, batch_questions: int = 64,
-    mask_unoffered_ids: bool = False,
 ) -> list[Outcome]:
     """One episode per question and repeat: a completion sampled from `generator` and scored by the env, and the
     recursion rounds the env runs after it (`_episode_outcome`). The Conductor's own prompt and completion tokens
@@ -131,8 +130,7 @@ def conductor_outcomes(
 
     Greedy decoding (temperature 0) writes the same completion every repeat, so it is generated once and only the
     workers' outcomes are drawn per repeat; a sampled Conductor draws a new completion each repeat.
-    `mask_unoffered_ids`: every round's model ids are decoded only among the question's offered ids
-    (`TokenizedConductorEnv.token_mask`).
+    Every round decodes under the environment's token masks, if it has them (`TokenizedConductorEnv.token_mask`).
     """
     outcomes = []
     greedy_completions: dict[int, list[int]] = {}
@@ -143,14 +141,14 @@ def conductor_outcomes(
                 completions = [greedy_completions[q] for q in questions]
             else:
                 prompts = [environment.prompt_ids(q) for q in questions]
-                masks = _token_masks(environment, questions, mask_unoffered_ids)
+                masks = _token_masks(environment, questions)
                 groups = generator.generate(
                     prompts, _batch_seeded(params, repeat, start), 1, token_masks=masks
                 )
                 completions = [group[0].completion_ids for group in groups]
                 greedy_completions.update(zip(questions, completions))
             episodes = _episodes(
-                generator, environment, params, repeat, start, questions, completions, mask_unoffered_ids
+                generator, environment, params, repeat, start, questions, completions
             )
             outcomes.extend(
                 _episode_outcome(environment.tasks[q], repeat, rounds) for q, rounds in zip(questions, episodes)

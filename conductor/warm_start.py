@@ -71,16 +71,15 @@ def masked_examples(environment: TokenizedConductorEnv, examples: Sequence[Examp
 
 def warm_start(
     model: Any, environment: TokenizedConductorEnv, steps: int, trainer_config: SFTConfig, teacher: TeacherConfig,
-    mask_unoffered_ids: bool = False,
 ) -> list[dict[str, float]]:
-    """Fits the Conductor in place to `teacher`'s examples for `steps` steps; returns per-step metrics. With
-    `mask_unoffered_ids`, each example is scored under its question's id mask (`masked_examples`), as masked decoding
-    samples."""
+    """Fits the Conductor in place to `teacher`'s examples for `steps` steps; returns per-step metrics. Where the
+    environment decodes under token masks, each example is scored under its question's mask (`masked_examples`), as
+    masked decoding samples."""
     rng = random.Random(trainer_config.seed)
     probe = trainer_config.head is not None
     batch_size = trainer_config.batch_size
     examples = teacher_examples(teacher, environment, steps * batch_size, rng, probe)
-    if mask_unoffered_ids:
+    if environment.masked:
         examples = masked_examples(environment, examples)
     if teacher.teacher == "world":
         pool_size = len(environment.env.world.pool)
@@ -105,10 +104,10 @@ def warm_start(
     return history
 
 
-def _key_parts(steps: int, trainer_config: SFTConfig, teacher: TeacherConfig, mask_unoffered_ids: bool,
+def _key_parts(steps: int, trainer_config: SFTConfig, teacher: TeacherConfig, token_masks: str,
                origin: Sequence[Any]) -> dict[str, Any]:
     return {"steps": steps, "trainer": repr(trainer_config), "teacher": repr(teacher),
-            "mask_unoffered_ids": mask_unoffered_ids, "origin": [repr(part) for part in origin]}
+            "token_masks": token_masks, "origin": [repr(part) for part in origin]}
 
 
 def warm_start_origin(conductor_spec: Any, env_spec: EnvSpec) -> tuple[Any, EnvSpec]:
@@ -120,25 +119,26 @@ def warm_start_origin(conductor_spec: Any, env_spec: EnvSpec) -> tuple[Any, EnvS
     return conductor_spec, dataclasses.replace(env_spec, config=general)
 
 
-def warm_start_key(steps: int, trainer_config: SFTConfig, teacher: TeacherConfig, mask_unoffered_ids: bool,
+def warm_start_key(steps: int, trainer_config: SFTConfig, teacher: TeacherConfig, token_masks: str,
                    origin: Sequence[Any]) -> str:
     """The sha256 of everything that decides a warm-start's result: its own settings and `origin`, the configs the
     model and the world it starts from were built from (the Conductor's spec with its seed, the world's spec). Not
-    the code: a cache outlives no change to it that its user does not make on purpose."""
-    parts = _key_parts(steps, trainer_config, teacher, mask_unoffered_ids, origin)
+    the code: a cache outlives no change to it that its user does not make on purpose. `token_masks` is the
+    environment's (`TokenizedConductorEnv.token_masks`)."""
+    parts = _key_parts(steps, trainer_config, teacher, token_masks, origin)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def cached_warm_start(
     model: Any, environment: TokenizedConductorEnv, steps: int, trainer_config: SFTConfig, teacher: TeacherConfig,
-    mask_unoffered_ids: bool, origin: Sequence[Any], cache_dir: pathlib.Path,
+    origin: Sequence[Any], cache_dir: pathlib.Path,
 ) -> bool:
     """`warm_start`, through a directory of warm-started weights keyed by `warm_start_key`: where the key's entry
     exists its weights are loaded into `model` in place, bit for bit what the warm-start would have made (the runs of
     a sweep over an RL setting share their seed's warm-start); otherwise the warm-start runs and its weights are
     stored there. Runs that want the same key at once take turns: one computes, the others load. Returns True when
     loaded."""
-    key = warm_start_key(steps, trainer_config, teacher, mask_unoffered_ids, origin)
+    key = warm_start_key(steps, trainer_config, teacher, environment.token_masks, origin)
     cache_dir.mkdir(parents=True, exist_ok=True)
     entry = cache_dir / key
     with exclusive(cache_dir / f"{key}.lock"):  # one run warms up a key; the others then load it
@@ -148,11 +148,11 @@ def cached_warm_start(
             nnx.update(model, nnx.state(stored, nnx.Param))
             log.info("warm-start loaded from %s", entry)
             return True
-        warm_start(model, environment, steps, trainer_config, teacher, mask_unoffered_ids)
+        warm_start(model, environment, steps, trainer_config, teacher)
         partial = cache_dir / f"{key}.partial.{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         hf_io.save(model, partial)
-        parts = _key_parts(steps, trainer_config, teacher, mask_unoffered_ids, origin)
+        parts = _key_parts(steps, trainer_config, teacher, environment.token_masks, origin)
         (partial / "warm_start_key.json").write_text(json.dumps(parts, indent=1, sort_keys=True) + "\n")
         os.replace(partial, entry)  # whole or absent: a run killed while saving leaves no entry to load
         log.info("warm-start stored in %s", entry)

@@ -81,8 +81,8 @@ def main(argv: list[str]) -> None:
         # Greedy unless --temperature is given: how a trained Conductor is evaluated, and what launch.serve tries first.
         params = sampling_flags.from_flags(trained_conductor=model_dir, default_temperature=0.0)
         try:
-            outcomes = conductor_outcomes(generator, TokenizedConductorEnv(env, tokenizer), params, _REPEATS.value,
-                                          mask_unoffered_ids=sampling_flags.MASK_UNOFFERED_IDS.value)
+            environment = TokenizedConductorEnv(env, tokenizer, sampling_flags.token_masks(), params.max_new_tokens)
+            outcomes = conductor_outcomes(generator, environment, params, _REPEATS.value)
         finally:
             generator.close()
         results[f"Conductor ({flags.FLAGS.conductor})"] = summarize(outcomes, names)

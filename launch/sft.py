@@ -66,16 +66,16 @@ def main(argv: list[str]) -> None:
     generation = generator_flags.from_flags()
     share_gpu_with_torch_generator(generation)  # before JAX's first computation
     model, tokenizer, model_dir = load_conductor(conductor_flags.from_flags(), distributed.process_dir(out) / "init")
-    world = TokenizedConductorEnv(build_env(environment_flags.from_flags()), tokenizer)
-    generator, sync = build_generator(generation, model_dir, distributed.process_dir(out))
-    probe = list(range(min(8, world.num_questions)))
     # Validity is measured at the sampling settings RL will use (--temperature, --top_p, --top_k, --max_tokens).
     params = sampling_flags.from_flags()
+    world = TokenizedConductorEnv(build_env(environment_flags.from_flags()), tokenizer, sampling_flags.token_masks(),
+                                  params.max_new_tokens)
+    generator, sync = build_generator(generation, model_dir, distributed.process_dir(out))
+    probe = list(range(min(8, world.num_questions)))
     before = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)
     log.info("valid workflows before warm-start: %.1f%% (temperature %g)", 100 * before, params.temperature)
     trainer = supervised_flags.from_flags(steps, len(task_label_indices(world)))
-    history = warm_start(model, world, steps, trainer, teacher_flags.from_flags(),
-                         sampling_flags.MASK_UNOFFERED_IDS.value)
+    history = warm_start(model, world, steps, trainer, teacher_flags.from_flags())
     distributed.share_process_zero_weights(model)
     sync(model, 1)
     after = format_validity(generator, world, probe, _VALIDITY_SAMPLES.value, params)

@@ -91,9 +91,8 @@ def greedy_eval(generator: Generator, tokenizer: Any, sampling: SamplingParams) 
     """The greedy evaluation on --eval_tasks, with the Conductor's own completion limit: a default one would hold a
     non-stopping small Conductor for 1024 steps."""
     eval_env = build_env(environment_flags.from_flags(_EVAL_TASKS.value))
-    outcomes = conductor_outcomes(generator, TokenizedConductorEnv(eval_env, tokenizer),
-                                  dataclasses.replace(sampling, temperature=0.0), repeats=1,
-                                  mask_unoffered_ids=sampling_flags.MASK_UNOFFERED_IDS.value)
+    environment = TokenizedConductorEnv(eval_env, tokenizer, sampling_flags.token_masks(), sampling.max_new_tokens)
+    outcomes = conductor_outcomes(generator, environment, dataclasses.replace(sampling, temperature=0.0), repeats=1)
     summary = summarize(outcomes, [worker.name for worker in eval_env.world.pool])
     if eval_env.world.orchestration is not None:
         summary.update(orchestration_figures(eval_env.world.orchestration, eval_env.world.tasks, outcomes))
@@ -122,7 +121,8 @@ def main(argv: list[str]) -> None:
     conductor_spec, env_spec = conductor_flags.from_flags(), environment_flags.from_flags()
     model, tokenizer, model_dir = load_conductor(conductor_spec, distributed.process_dir(log_dir) / "conductor_init")
     env = build_env(env_spec)
-    environment = TokenizedConductorEnv(env, tokenizer)
+    environment = TokenizedConductorEnv(env, tokenizer, sampling_flags.token_masks(),
+                                        sampling_flags.from_flags().max_new_tokens)
     checkpointer = Checkpointer(checkpoint_dir, keep=_KEEP.value)
     fresh_run = checkpointer.latest_step() is None
     # LoRA checkpoints hold the adapters alone: a resumed run needs the base they adapt, and a warm-started base
@@ -131,13 +131,13 @@ def main(argv: list[str]) -> None:
     lora_base_dir = log_dir / "lora_base" if lora.enabled and warm_start_steps else model_dir
     if warm_start_steps and fresh_run:
         trainer = supervised_flags.from_flags(warm_start_steps, len(task_label_indices(environment)))
-        teacher, mask = teacher_flags.from_flags(), sampling_flags.MASK_UNOFFERED_IDS.value
+        teacher = teacher_flags.from_flags()
         if supervised_flags.CACHE_DIR.value:
-            cached_warm_start(model, environment, warm_start_steps, trainer, teacher, mask,
+            cached_warm_start(model, environment, warm_start_steps, trainer, teacher,
                               warm_start_origin(conductor_spec, env_spec),
                               pathlib.Path(supervised_flags.CACHE_DIR.value))
         else:
-            warm_start(model, environment, warm_start_steps, trainer, teacher, mask)
+            warm_start(model, environment, warm_start_steps, trainer, teacher)
     distributed.share_process_zero_weights(model)
     if lora_base_dir != model_dir and fresh_run and distributed.is_main_process():
         hf_io.save(model, lora_base_dir)  # whole on every process until the learner shards it

@@ -103,5 +103,5 @@ def from_flags(recursion_rounds: int) -> LoopConfig:
         stratify_questions=shared.STRATIFY_QUESTIONS.value,
         recursion_rounds=recursion_rounds,
         seed=shared.SEED.value,
-        mask_tokens=sampling.MASK_UNOFFERED_IDS.value,
+        mask_tokens=sampling.token_masks() != "none",
     )

@@ -7,6 +7,7 @@ import pathlib
 
 from absl import flags
 
+from conductor.loop_environment import TokenMasks
 from conductor.model import trained_sampling
 from launch.flag_groups import field_values, shared
 from rollout.types import SamplingParams
@@ -25,6 +26,21 @@ MASK_UNOFFERED_IDS = flags.DEFINE_boolean(
     "(conductor.id_mask): in the warm-start's likelihood, in training (the learner's log-probs take the same mask, "
     "LoopConfig.mask_tokens) and in the greedy evaluation (launch.train's --eval_tasks, launch.eval).",
 )
+MASK_WORKFLOW_FORMAT = flags.DEFINE_boolean(
+    "mask_workflow_format", False,
+    "Invalid-action masking of the whole workflow: the Conductor writes only completions that parse as a workflow "
+    "over its question's offered ids, in the canonical form (conductor.format_mask: one paragraph of reasoning, a "
+    "blank line, the three lists, a stop); where the form leaves one choice the token is forced. Masks the ids as "
+    "--mask_unoffered_ids does, and where it does (warm-start, training, greedy evaluation). No recursion rounds.",
+)
+
+
+def token_masks() -> TokenMasks:
+    """What the Conductor decodes under (`TokenizedConductorEnv.token_masks`): --mask_workflow_format's whole
+    workflow, else --mask_unoffered_ids's ids, else nothing."""
+    if MASK_WORKFLOW_FORMAT.value:
+        return "workflow"
+    return "ids" if MASK_UNOFFERED_IDS.value else "none"
 
 
 def from_flags(

@@ -29,7 +29,7 @@ _LR_SCHEDULE = flags.DEFINE_enum(
 CACHE_DIR = flags.DEFINE_string(
     "warm_start_cache_dir", None,
     "A directory of warm-started Conductors keyed by everything that decides them (the Conductor and its seed, the "
-    "world, the warm-start's and the teacher's settings, --mask_unoffered_ids; not the code): a run whose key is "
+    "world, the warm-start's and the teacher's settings, the token masks; not the code): a run whose key is "
     "there loads it instead of warming up, and stores its own otherwise (conductor.warm_start.cached_warm_start). "
     "launch.compare gives its runs one, so a sweep over an RL setting warms up once per seed.",
 )

@@ -109,10 +109,10 @@ class PreferenceGenerator:
 @pytest.mark.parametrize("masked", [False, True])
 def test_masked_greedy_evaluation_names_each_questions_first_offered_choice(tokenizer, masked):
     world = build_world(OrchestrationWorldConfig(split="validation"), RECIPE_REWARD, max_steps=3)
-    environment = TokenizedConductorEnv(ConductorEnv(world, EnvConfig(max_steps=3)), tokenizer)
+    environment = TokenizedConductorEnv(ConductorEnv(world, EnvConfig(max_steps=3)), tokenizer,
+                                        "ids" if masked else "none")
     generator = PreferenceGenerator(tokenizer)
-    outcomes = conductor_outcomes(generator, environment, SamplingParams(temperature=0.0), repeats=1,
-                                  mask_unoffered_ids=masked)
+    outcomes = conductor_outcomes(generator, environment, SamplingParams(temperature=0.0), repeats=1)
     pools = [offered_ids(task, len(world.pool)) for task in world.tasks]
     valid = [o.metrics["valid_format"] for o in outcomes]
     if not masked:
@@ -128,7 +128,7 @@ def test_masked_greedy_evaluation_names_each_questions_first_offered_choice(toke
 
 def test_warm_start_examples_are_scored_under_their_questions_mask_at_their_id_tokens_only(tokenizer):
     world = build_world(OrchestrationWorldConfig(split="validation"), RECIPE_REWARD, max_steps=3)
-    environment = TokenizedConductorEnv(ConductorEnv(world, EnvConfig(max_steps=3)), tokenizer)
+    environment = TokenizedConductorEnv(ConductorEnv(world, EnvConfig(max_steps=3)), tokenizer, "ids")
     question = 0
     pool = offered_ids(world.tasks[question], len(world.pool))
     workflow = Workflow(steps=(Step(pool[2], "Solve it."), Step(pool[0], "Check it.", "all")))

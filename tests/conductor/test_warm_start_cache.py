@@ -50,26 +50,26 @@ def test_a_stored_warm_start_loads_bit_for_bit(tmp_path, caplog):
 
     _, first, environment = conductor(0, tmp_path)
     with caplog.at_level(logging.INFO, logger="conductor.warm_start"):
-        assert not cached_warm_start(first, environment, STEPS, TRAINER, TEACHER, False, (spec, WORLD), cache)
+        assert not cached_warm_start(first, environment, STEPS, TRAINER, TEACHER, (spec, WORLD), cache)
         _, second, environment = conductor(0, tmp_path)
-        assert cached_warm_start(second, environment, STEPS, TRAINER, TEACHER, False, (spec, WORLD), cache)
+        assert cached_warm_start(second, environment, STEPS, TRAINER, TEACHER, (spec, WORLD), cache)
     assert "warm-start stored in" in caplog.text and "warm-start loaded from" in caplog.text
     for model in (first, second):
         for got, want in zip(params(model), expected, strict=True):
             np.testing.assert_array_equal(got, want)
     [entry] = [path for path in cache.iterdir() if path.is_dir()]  # no partial directory left behind
-    assert entry.name == warm_start_key(STEPS, TRAINER, TEACHER, False, (spec, WORLD))
+    assert entry.name == warm_start_key(STEPS, TRAINER, TEACHER, "none", (spec, WORLD))
     assert (entry / "warm_start_key.json").exists()
 
 
 @pytest.mark.parametrize("change", [
     {"steps": STEPS + 1}, {"trainer_config": dataclasses.replace(TRAINER, seed=1)},
-    {"teacher": TeacherConfig(templates=("single",))}, {"mask_unoffered_ids": True},
+    {"teacher": TeacherConfig(templates=("single",))}, {"token_masks": "ids"}, {"token_masks": "workflow"},
     {"origin": (ConductorSpec(name="tiny", seed=1), WORLD)},
     {"origin": (ConductorSpec(name="tiny"), SyntheticWorldConfig(num_tasks=5))},
 ])
 def test_the_key_changes_with_everything_that_decides_the_warm_start(change):
-    base = {"steps": STEPS, "trainer_config": TRAINER, "teacher": TEACHER, "mask_unoffered_ids": False,
+    base = {"steps": STEPS, "trainer_config": TRAINER, "teacher": TEACHER, "token_masks": "none",
             "origin": (ConductorSpec(name="tiny"), WORLD)}
     assert warm_start_key(**base) == warm_start_key(**base)
     assert warm_start_key(**{**base, **change}) != warm_start_key(**base)
@@ -79,7 +79,7 @@ def test_runs_that_differ_in_their_reward_alone_share_a_key():
     spec = ConductorSpec(name="tiny")
 
     def key(env_spec):
-        return warm_start_key(STEPS, TRAINER, TEACHER, False, warm_start_origin(spec, env_spec))
+        return warm_start_key(STEPS, TRAINER, TEACHER, "none", warm_start_origin(spec, env_spec))
 
     penalised = EnvConfig(reward=RewardConfig(wrong=0.0, step_penalty=0.2, usd_penalty=10.0))
     assert key(EnvSpec(WORLD, penalised)) == key(EnvSpec(WORLD))
