@@ -121,8 +121,8 @@ def main(argv: list[str]) -> None:
     conductor_spec, env_spec = conductor_flags.from_flags(), environment_flags.from_flags()
     model, tokenizer, model_dir = load_conductor(conductor_spec, distributed.process_dir(log_dir) / "conductor_init")
     env = build_env(env_spec)
-    environment = TokenizedConductorEnv(env, tokenizer, sampling_flags.token_masks(),
-                                        sampling_flags.from_flags().max_new_tokens)
+    sampling = sampling_flags.from_flags()
+    environment = TokenizedConductorEnv(env, tokenizer, sampling_flags.token_masks(), sampling.max_new_tokens)
     checkpointer = Checkpointer(checkpoint_dir, keep=_KEEP.value)
     fresh_run = checkpointer.latest_step() is None
     # LoRA checkpoints hold the adapters alone: a resumed run needs the base they adapt, and a warm-started base
@@ -148,7 +148,6 @@ def main(argv: list[str]) -> None:
         nnx.update(model, nnx.state(base, nnx.Param))
 
     generator, weight_sync = build_generator(generation, model_dir, distributed.process_dir(log_dir))
-    sampling = sampling_flags.from_flags()
     mesh = distributed.learner_mesh(_MESH_FSDP.value, _MESH_TP.value)
     loop_config = loop_flags.from_flags(env.config.recursion_rounds)
     # --steady_shapes starts the learner's row length at the longest first-round prompt of the questions it trains on.
