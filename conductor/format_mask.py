@@ -332,11 +332,6 @@ class WorkflowFormatMask:
             self._constraints[key] = self._at(state, step_fits)
         return self._constraints[key]
 
-    def allows(self, state: State, text: str) -> bool:
-        """Whether a token writing `text` is allowed at `state`."""
-        fast = _free_text_accepts(state, text)
-        return fast if fast is not None else bool(text) and self.grammar.run(text, state) is not None
-
     def _at(self, state: State, step_fits: bool = True) -> TokenConstraint:
         if self.grammar.complete(state):
             return TokenConstraint(self.stop_token_ids, only=True)
@@ -363,6 +358,7 @@ class WorkflowFormatMask:
         allowed_set = set(allowed)
         refused = [token_id for group in groups.values() for token_id, _ in group if token_id not in allowed_set]
         return TokenConstraint(tuple(refused) + tuple(special), only=False)
+
 
 def _tail(text: str, patterns: Sequence[str]) -> str | None:
     """The longest end of `text` that begins one of `patterns` (compared in lower case), or None where `text` ends
