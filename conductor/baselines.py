@@ -156,7 +156,8 @@ async def _prompted_replies(
     tasks = env.world.tasks
 
     async def reply(question: int, repeat: int) -> WorkerReply | None:
-        messages = env.observation(tasks[question])["messages"]
+        # The full prompt whatever the env's: an untrained model has only the instructions and examples to go on.
+        messages = env.observation(tasks[question], prompt="full")["messages"]
         sample = sample_id(question, repeat, len(tasks))
         seed = step_seed(env.config.executor.seed, sample, -1)  # -1: before the workflow's own steps
         key = cache_key(backend, model, messages, max_tokens=max_tokens, temperature=temperature, seed=seed,

@@ -38,6 +38,7 @@ def greedy_valid_format(
     max_steps: int,
     access_mode: AccessMode,
     max_new_tokens: int,
+    conductor_prompt: prompts.ConductorPrompt = "full",
     batch_questions: int = 64,
 ) -> FormatValidity:
     """Whether the Conductor's greedy completion for each question, prompted as `launch.serve` prompts it, parses as
@@ -50,7 +51,7 @@ def greedy_valid_format(
     for start in range(0, len(questions), batch_questions):
         batch = questions[start : start + batch_questions]
         prompt_ids = [
-            render_chat(tokenizer, prompts.conductor_messages(q, pool_size, max_steps, access_mode),
+            render_chat(tokenizer, prompts.conductor_messages(q, pool_size, max_steps, access_mode, conductor_prompt),
                         prompts.CONDUCTOR_PREFIX)
             for q in batch
         ]  # fmt: skip

@@ -87,12 +87,17 @@ def load_conductor(spec: ConductorSpec, out_dir: pathlib.Path) -> tuple[Transfor
     return model, load_tokenizer(model_dir), model_dir
 
 
-# Written beside a trained Conductor's weights: the completion limit and temperature it was trained with.
+# Written beside a trained Conductor's weights: the completion limit and temperature it was trained with, and the
+# prompt (`env.prompts.ConductorPrompt`) it read.
 TRAINED_SAMPLING_FILE = "trained_sampling.json"
 
 
-def save_trained_sampling(model_dir: pathlib.Path, params: SamplingParams) -> None:
-    record = {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature}
+def save_trained_sampling(model_dir: pathlib.Path, params: SamplingParams, conductor_prompt: str) -> None:
+    record = {
+        "max_new_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "conductor_prompt": conductor_prompt,
+    }
     (model_dir / TRAINED_SAMPLING_FILE).write_text(json.dumps(record) + "\n")
 
 

@@ -36,6 +36,7 @@ from env.worlds import World
 class EnvConfig:
     max_steps: int = 5
     access_mode: AccessMode = "binary"
+    conductor_prompt: prompts.ConductorPrompt = "full"
     recursion_rounds: int = 0
     max_concurrency: int = 1024
     grading_threads: int = 8
@@ -54,6 +55,7 @@ class EnvConfig:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.access_mode not in ("binary", "fine"):
             raise ValueError(f"access_mode must be 'binary' or 'fine', got {self.access_mode!r}")
+        prompts.check_conductor_prompt(self.conductor_prompt)
         if self.recursion_rounds < 0:
             raise ValueError(f"recursion_rounds must be >= 0, got {self.recursion_rounds}")
         if self.max_concurrency < 1 or self.grading_threads < 1:
@@ -154,11 +156,15 @@ class ConductorEnv(gymnasium.Env):
 
     # ---- prompts ----
 
-    def observation(self, task: Task, previous: Scored | None = None) -> dict[str, Any]:
-        """The Conductor prompt for `task`: the first round, or the recursion round after `previous`."""
+    def observation(
+        self, task: Task, previous: Scored | None = None, prompt: prompts.ConductorPrompt | None = None
+    ) -> dict[str, Any]:
+        """The Conductor prompt for `task`: the first round, or the recursion round after `previous`; `prompt`
+        replaces the config's `conductor_prompt`."""
         ids, config = offered_ids(task, len(self.world.pool)), self.config
+        prompt = config.conductor_prompt if prompt is None else prompt
         if previous is None:
-            messages = prompts.conductor_messages(task.question, ids, config.max_steps, config.access_mode)
+            messages = prompts.conductor_messages(task.question, ids, config.max_steps, config.access_mode, prompt)
         else:
             if previous.workflow is None or previous.execution is None:
                 raise ValueError("a recursion round needs a previous round with a valid workflow")
@@ -170,6 +176,7 @@ class ConductorEnv(gymnasium.Env):
                 render_workflow(Workflow(steps=previous.workflow.steps), config.access_mode),
                 previous.execution.final_answer,
                 config.access_mode,
+                prompt,
             )
         return {
             "task_id": task.id,

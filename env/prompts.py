@@ -1,18 +1,26 @@
 """Prompts of the Conductor and of its workers (docs/design.md section 8), written in our own words.
 
 Structure follows the reference: the Conductor gets a system message, a user message with the question, the model
-ids it may name (`env.workflow.model_ids`: the whole pool's, or the ids a question offers), the step limit and a few example workflows from other tasks, and continues an assistant
-prefix that starts its planning. A worker gets a preamble, the overall question, every earlier step it may read
+ids it may name (`env.workflow.model_ids`: the whole pool's, or the ids a question offers), the step limit and a few
+example workflows from other tasks, and continues an assistant prefix that starts its planning. The compact prompt
+(`ConductorPrompt`) keeps only the question and the ids, for a Conductor trained from scratch. A worker gets a preamble, the overall question, every earlier step it may read
 as a tagged subtask + response pair, then its own subtask. Example workflows are rendered by `render_workflow`,
 so the prompts and the parser share one grammar.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 from env.workers.base import Message
 from env.workflow import AccessMode, Step, Workflow, check_settings, model_ids, render_workflow
+
+# "full": the reference's prompt, instructions and examples included, for a pretrained Conductor that reads them.
+# "compact": the question and the offered ids alone. A Conductor trained from scratch cannot read the instructions,
+# and ~600 constant tokens around the few that differ between questions (task, difficulty) drown them in its
+# attention: supervised on the orchestration world's optimum, the tiny Conductor read the difficulty only from the
+# compact prompt (docs/log/2026-12-07-compact-conductor-prompt.md).
+ConductorPrompt = Literal["full", "compact"]
 
 CONDUCTOR_PREFIX = (
     "Let me plan this step by step: which subtasks the question needs, which model should handle each one, "
@@ -80,12 +88,18 @@ _EXAMPLES: tuple[tuple[str, Workflow], ...] = (
 
 
 def conductor_messages(
-    question: str, pool: int | Sequence[int], max_steps: int = 5, access_mode: AccessMode = "binary"
+    question: str,
+    pool: int | Sequence[int],
+    max_steps: int = 5,
+    access_mode: AccessMode = "binary",
+    prompt: ConductorPrompt = "full",
 ) -> list[Message]:
     """System + user message of the first Conductor round over `pool`'s model ids (`env.workflow.model_ids`); the
     assistant continues `CONDUCTOR_PREFIX`."""
     ids = model_ids(pool)
     check_settings(len(ids), max_steps, access_mode)
+    if _compact(prompt):
+        return _messages(f"Question:\n{question}", _compact_ids(ids))
     user = "\n\n".join(
         [
             f"Question:\n{question}",
@@ -94,7 +108,7 @@ def conductor_messages(
             "Reason briefly about how to split the question, then write the three lists for this question.",
         ]
     )
-    return [{"role": "system", "content": _CONDUCTOR_SYSTEM}, {"role": "user", "content": user}]
+    return _messages(user)
 
 
 def recursion_messages(
@@ -104,11 +118,19 @@ def recursion_messages(
     previous_workflow_text: str,
     previous_answer: str,
     access_mode: AccessMode = "binary",
+    prompt: ConductorPrompt = "full",
 ) -> list[Message]:
     """A further Conductor round: it sees its previous workflow and that workflow's final answer and either
     writes a new workflow or three empty lists to keep the previous answer."""
     ids = model_ids(pool)
     check_settings(len(ids), max_steps, access_mode)
+    if _compact(prompt):
+        return _messages(
+            f"Question:\n{question}",
+            f"Previous workflow:\n{previous_workflow_text.strip()}",
+            f"Its final answer:\n{previous_answer.strip()}",
+            _compact_ids(ids),
+        )
     user = "\n\n".join(
         [
             f"Question:\n{question}",
@@ -121,7 +143,25 @@ def recursion_messages(
             "subtasks.",
         ]
     )
-    return [{"role": "system", "content": _CONDUCTOR_SYSTEM}, {"role": "user", "content": user}]
+    return _messages(user)
+
+
+def check_conductor_prompt(prompt: str) -> None:
+    if prompt not in get_args(ConductorPrompt):
+        raise ValueError(f"conductor_prompt must be one of {get_args(ConductorPrompt)}, got {prompt!r}")
+
+
+def _compact(prompt: str) -> bool:
+    check_conductor_prompt(prompt)
+    return prompt == "compact"
+
+
+def _compact_ids(ids: tuple[int, ...]) -> str:
+    return f"Models: {', '.join(map(str, ids))}"
+
+
+def _messages(*user_parts: str) -> list[Message]:
+    return [{"role": "system", "content": _CONDUCTOR_SYSTEM}, {"role": "user", "content": "\n\n".join(user_parts)}]
 
 
 _WORKER_PREAMBLE = (

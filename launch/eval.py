@@ -28,7 +28,7 @@ from conductor.baselines import BASELINES, orchestration_figures, recorded_figur
 from conductor.conductor_env import build_env
 from conductor.generators import build_generator, share_gpu_with_torch_generator
 from conductor.loop_environment import TokenizedConductorEnv
-from conductor.model import load_conductor
+from conductor.model import load_conductor, trained_sampling
 from conductor.outcomes import conductor_outcomes
 from conductor.report import summarize, write_report
 from env.worlds import build_world
@@ -70,13 +70,16 @@ def main(argv: list[str]) -> None:
     if unknown:
         raise app.UsageError(f"unknown --methods {unknown}; choose from conductor, {', '.join(BASELINES)}")
     out_dir = output_flags.logdir("runs/eval")  # results.json, results.md and the plot
-    env = build_env(environment_flags.from_flags())
-    names = [worker.name for worker in env.world.pool]
-    results = {}
+    model_dir = None
     if "conductor" in _METHODS.value:
         generation = generator_flags.from_flags()
         share_gpu_with_torch_generator(generation)  # before JAX's first computation
         _, tokenizer, model_dir = load_conductor(conductor_flags.from_flags(), out_dir / "conductor")
+    # A trained Conductor is prompted as it was trained.
+    env = build_env(environment_flags.from_flags(trained=trained_sampling(model_dir) if model_dir else None))
+    names = [worker.name for worker in env.world.pool]
+    results = {}
+    if model_dir is not None:
         generator, _ = build_generator(generation, model_dir, out_dir)
         # Greedy unless --temperature is given: how a trained Conductor is evaluated, and what launch.serve tries first.
         params = sampling_flags.from_flags(trained_conductor=model_dir, default_temperature=0.0)

@@ -58,7 +58,7 @@ from aiohttp import web
 
 from conductor.conductor_env import build_env
 from conductor.generators import build_generator, share_gpu_with_torch_generator
-from conductor.model import load_conductor
+from conductor.model import load_conductor, trained_sampling
 from env import prompts
 from env.executor import Execution, ExecutorConfig, aclose_workers, execute_async
 from env.tasks.base import Task
@@ -218,12 +218,14 @@ class ServeConfig:
     model_name: str = "conductor"
     max_steps: int = 5
     access_mode: AccessMode = "binary"
+    conductor_prompt: prompts.ConductorPrompt = "full"
     sampling: SamplingParams = SamplingParams(temperature=1.0, max_new_tokens=1024)
     executor: ExecutorConfig = ExecutorConfig()
     format_attempts: int = 3
 
     def __post_init__(self) -> None:
         check_settings(1, self.max_steps, self.access_mode)
+        prompts.check_conductor_prompt(self.conductor_prompt)
         if not self.model_name:
             raise ValueError("model_name must not be empty")
         if self.format_attempts < 1:
@@ -340,7 +342,9 @@ class ConductorService:
         Raises `AnswerError` when no try parses or the answering step fails."""
         # The workers left are offered by their pool ids, as a training run's offered pools are (`env.pools`).
         allowed = [w for w in range(len(self.pool)) if w not in options.excluded]
-        messages = prompts.conductor_messages(question, allowed, options.max_steps, self.config.access_mode)
+        messages = prompts.conductor_messages(
+            question, allowed, options.max_steps, self.config.access_mode, self.config.conductor_prompt
+        )
         prompt_ids = render_chat(self.tokenizer, messages, prompts.CONDUCTOR_PREFIX)
         workflow, text, attempts, completion_tokens = None, "", [], 0
         # Tries at one temperature are sampled in one call: one batch costs about what one row does.
@@ -729,14 +733,15 @@ def build_server(access: AccessConfig) -> ChatServer:
     """The server the flags describe: `--world`'s pool and cache, `--conductor` on `--generator`, behind `access`."""
     generation = generator_flags.from_flags()
     share_gpu_with_torch_generator(generation)  # before JAX's first computation
-    env = build_env(environment_flags.from_flags())
     work_dir = output_flags.logdir("runs/serve")  # a 'tiny' Conductor and the generator's files
     _, tokenizer, model_dir = load_conductor(conductor_flags.from_flags(), work_dir / "conductor")
+    env = build_env(environment_flags.from_flags(trained=trained_sampling(model_dir)))  # the prompt it was trained on
     generator, _ = build_generator(generation, model_dir, work_dir)
     config = ServeConfig(
         model_name=_MODEL_NAME.value,
         max_steps=env.config.max_steps,
         access_mode=env.config.access_mode,
+        conductor_prompt=env.config.conductor_prompt,
         sampling=sampling_flags.from_flags(trained_conductor=model_dir),
         executor=env.config.executor,
         format_attempts=_FORMAT_ATTEMPTS.value,

@@ -86,7 +86,7 @@ def main(argv: list[str]) -> None:
     hf_io.save(model, out)
     tokenizer.save_pretrained(out)
     # Its format was checked at these settings, so eval and serve sample it at them (launch.flag_groups.sampling).
-    save_trained_sampling(out, params)
+    save_trained_sampling(out, params, world.env.config.conductor_prompt)
     generator.close()
     print(json.dumps({"valid_before": before, "valid_after": after, "temperature": params.temperature,
                       "final_nll": history[-1]["nll"], "steps": steps, "out": str(out)}))

@@ -190,7 +190,7 @@ def main(argv: list[str]) -> None:
         return
     final_dir = hf_io.save(final_model, log_dir / "conductor_final")  # merged weights, with LoRA
     tokenizer.save_pretrained(final_dir)
-    save_trained_sampling(final_dir, sampling)
+    save_trained_sampling(final_dir, sampling, env_spec.config.conductor_prompt)
     summary = {"iterations": loop.iteration, "logdir": str(log_dir), "conductor_final": str(final_dir)}
     if lora.enabled:
         adapter_dir = save_peft_adapter(final_model, final_dir / "lora_adapter", base_model=str(lora_base_dir))
@@ -208,6 +208,7 @@ def main(argv: list[str]) -> None:
         validity = greedy_valid_format(
             generator, tokenizer, questions, pool_size=len(env.world.pool), max_steps=env.config.max_steps,
             access_mode=env.config.access_mode, max_new_tokens=sampling.max_new_tokens,
+            conductor_prompt=env.config.conductor_prompt,
         )
         log.info("greedy valid format %d/%d%s", validity.valid, validity.questions,
                  "".join(f"\n  {question!r}: {error}" for question, error in validity.failures[:3]))

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Sequence, get_args
+from typing import Any, Mapping, Sequence, get_args
 
 from absl import flags
 
 from conductor.conductor_env import EnvSpec
 from env.executor import ExecutorConfig
 from env.gym_env import EnvConfig
+from env.prompts import ConductorPrompt
 from env.workflow import AccessMode
 from launch.flag_groups import field_values, reward, shared, world
 
 _FIELDS = {
     "max_steps": flags.DEFINE_integer("max_workflow_steps", 5, "Most steps a workflow may have."),
     "access_mode": flags.DEFINE_enum("access_mode", "binary", get_args(AccessMode), "Access-list format."),
+    "conductor_prompt": flags.DEFINE_enum(
+        "conductor_prompt", "full", get_args(ConductorPrompt),
+        "The Conductor's prompt: 'full' (instructions, the format and example workflows, for a pretrained Conductor) "
+        "or 'compact' (the question and the offered model ids alone, for one trained from scratch). A trained "
+        "Conductor's is recorded beside it, and launch.eval and launch.serve prompt it so unless this flag is given.",
+    ),
     "recursion_rounds": flags.DEFINE_integer(
         "recursion_rounds", 0, "Extra Conductor rounds on the first round's result."
     ),
@@ -39,11 +46,16 @@ _EXECUTOR_FIELDS = {
 _CACHE = flags.DEFINE_string("cache", None, "SQLite response cache path (none: no cache).")
 
 
-def from_flags(tasks: Sequence[str] | None = None) -> EnvSpec:
-    """The env of `--world` over `tasks` (default `--tasks`), with the reward, workflow and executor flags."""
+def from_flags(tasks: Sequence[str] | None = None, trained: Mapping[str, Any] | None = None) -> EnvSpec:
+    """The env of `--world` over `tasks` (default `--tasks`), with the reward, workflow and executor flags;
+    `trained` (a trained Conductor's record, `conductor.model.trained_sampling`) gives the prompt it was trained with
+    unless --conductor_prompt is on the command line."""
     seed = shared.SEED.value
+    values = field_values(_FIELDS)
+    if trained is not None and not _FIELDS["conductor_prompt"].present:
+        values["conductor_prompt"] = trained.get("conductor_prompt", "full")  # records before the flag: full
     config = EnvConfig(
-        **field_values(_FIELDS),
+        **values,
         seed=seed,
         executor=ExecutorConfig(**field_values(_EXECUTOR_FIELDS), seed=seed),
         reward=reward.from_flags(),

@@ -43,6 +43,10 @@ def test_the_observation_is_the_conductor_prompt_and_task_id():
     seen = {observation["task_id"]} | {env.reset()[0]["task_id"] for _ in range(7)}
     assert seen == {task.id for task in world.tasks}  # one pass visits every task once
     assert env.reset(seed=1)[0]["task_id"] == observation["task_id"]
+    compact = ConductorEnv(world, EnvConfig(max_steps=4, access_mode="fine", conductor_prompt="compact"))
+    assert compact.observation(task)["messages"] == prompts.conductor_messages(task.question, 4, 4, "fine", "compact")
+    assert compact.observation(task, prompt="full")["messages"] == observation["messages"]
+    compact.close()
     assert env.reset(options={"task_id": world.tasks[5].id})[0]["task_id"] == world.tasks[5].id
     env.close()
 
@@ -189,6 +193,8 @@ def test_bad_input_is_rejected():
         EnvConfig(access_mode="coarse")
     with pytest.raises(ValueError, match="recursion_rounds"):
         EnvConfig(recursion_rounds=-1)
+    with pytest.raises(ValueError, match="conductor_prompt"):
+        EnvConfig(conductor_prompt="short")
     env.close()
 
 

@@ -89,8 +89,27 @@ def test_recursion_prompt_shows_previous_workflow_and_answer_and_how_to_keep_it(
     assert parse_workflow(keep, pool=3, allow_empty=True).keeps_previous_answer
 
 
+def test_compact_prompt_holds_the_question_and_the_offered_ids_and_nothing_else():
+    messages = conductor_messages(QUESTION, (1, 3, 5), 3, prompt="compact")
+    assert messages[0] == conductor_messages(QUESTION, (1, 3, 5), 3)[0]  # the same system message
+    assert messages[1] == {"role": "user", "content": f"Question:\n{QUESTION}\n\nModels: 1, 3, 5"}
+    full = conductor_messages(QUESTION, (1, 3, 5), 3)[1]["content"]
+    assert len(messages[1]["content"]) < len(full) / 10
+
+
+def test_compact_recursion_prompt_shows_the_previous_workflow_its_answer_and_the_ids():
+    previous = "model_id = [0]\nsubtasks = ['Solve it.']\naccess_list = [[]]"
+    user = recursion_messages(QUESTION, 2, 5, previous + "\n", " <answer>391</answer>", prompt="compact")[1]["content"]
+    assert user == (f"Question:\n{QUESTION}\n\nPrevious workflow:\n{previous}\n\nIts final answer:\n"
+                    "<answer>391</answer>\n\nModels: 0, 1")
+
+
 def test_bad_settings_raise_value_error():
     with pytest.raises(ValueError, match="pool_size"):
         conductor_messages(QUESTION, pool=0)
+    with pytest.raises(ValueError, match="pool_size"):
+        conductor_messages(QUESTION, pool=0, prompt="compact")
     with pytest.raises(ValueError, match="access_mode"):
         recursion_messages(QUESTION, 3, 5, "", "", access_mode="coarse")
+    with pytest.raises(ValueError, match="conductor_prompt"):
+        conductor_messages(QUESTION, pool=3, prompt="short")

@@ -358,7 +358,21 @@ def test_malformed_json_and_unknown_routes_get_json_errors(tokenizer):
     assert missing.status_code == 404 and missing.json()["error"]["message"].startswith("GET /v1/completions")
 
 
+def test_a_conductor_trained_on_the_compact_prompt_is_served_the_compact_prompt(tokenizer):
+    server, tasks = synthetic_server(tokenizer, workflow_text(Step(3, "Solve it.")), conductor_prompt="compact")
+    with ServerThread(server) as running:
+        reply = running.client.chat.completions.create(
+            model="conductor", messages=[{"role": "user", "content": tasks[0].question}],
+            extra_body={"conductor_options": {"exclude_workers": [1]}},
+        )  # fmt: skip
+    [prompt] = server.service.generator.prompts
+    assert f"Question:\n{tasks[0].question}\n\nModels: 0, 2, 3<|im_end|>" in prompt
+    assert "Example" not in prompt and reply.model_extra["conductor"]["steps"][0]["worker_name"] == "synthetic-3"
+
+
 def test_bad_serve_config_is_rejected():
+    with pytest.raises(ValueError, match="conductor_prompt"):
+        ServeConfig(conductor_prompt="short")
     with pytest.raises(ValueError, match="format_attempts"):
         ServeConfig(format_attempts=0)
     with pytest.raises(ValueError, match="max_steps"):

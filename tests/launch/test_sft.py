@@ -238,7 +238,9 @@ def test_the_sft_command_measures_validity_at_the_rl_temperature_and_writes_an_h
     assert "valid workflows before warm-start: 0.0% (temperature 0.5)" in result.stderr
     assert (out / "config.json").exists() and list(out.glob("*.safetensors"))
     # eval and serve sample it at the settings its format was checked at
-    assert json.loads((out / "trained_sampling.json").read_text()) == {"max_new_tokens": 8, "temperature": 0.5}
+    assert json.loads((out / "trained_sampling.json").read_text()) == {
+        "max_new_tokens": 8, "temperature": 0.5, "conductor_prompt": "full"
+    }
 
 
 def test_template_examples_on_offered_pools_name_each_questions_own_ids_and_whole_pool_teachers_refuse():

@@ -154,7 +154,7 @@ def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_pa
     assert summary["reward_last_fifth"] == pytest.approx(sum(rewards[-2:]) / 2)
     assert (pathlib.Path(summary["conductor_final"]) / "model.safetensors").exists()
     trained_sampling = json.loads((pathlib.Path(summary["conductor_final"]) / "trained_sampling.json").read_text())
-    assert trained_sampling == {"max_new_tokens": 64, "temperature": 0.7}
+    assert trained_sampling == {"max_new_tokens": 64, "temperature": 0.7, "conductor_prompt": "full"}
     # Iteration 1 samples the warm-started policy before any update, so its routing is the warm-start's: uniform
     # routing earns 0.625 and sends a quarter of the completions to worker 0, always worker 0 earns 1.
     assert records[0]["reward/mean"] < 0.7, records[0]
