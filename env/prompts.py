@@ -17,7 +17,7 @@ from env.workflow import AccessMode, Step, Workflow, check_settings, model_ids, 
 
 # "full": the reference's prompt, instructions and examples included, for a pretrained Conductor that reads them.
 # "compact": the question and the offered ids alone. A Conductor trained from scratch cannot read the instructions,
-# and ~600 constant tokens around the few that differ between questions (task, difficulty) drown them in its
+# and ~480 constant tokens around the few that differ between questions (task, difficulty) drown them in its
 # attention: supervised on the orchestration world's optimum, the tiny Conductor read the difficulty only from the
 # compact prompt (docs/log/2026-12-07-compact-conductor-prompt.md).
 ConductorPrompt = Literal["full", "compact"]
