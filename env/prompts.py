@@ -3,9 +3,9 @@
 Structure follows the reference: the Conductor gets a system message, a user message with the question, the model
 ids it may name (`env.workflow.model_ids`: the whole pool's, or the ids a question offers), the step limit and a few
 example workflows from other tasks, and continues an assistant prefix that starts its planning. The compact prompt
-(`ConductorPrompt`) keeps only the question and the ids, for a Conductor trained from scratch. A worker gets a preamble, the overall question, every earlier step it may read
-as a tagged subtask + response pair, then its own subtask. Example workflows are rendered by `render_workflow`,
-so the prompts and the parser share one grammar.
+(`ConductorPrompt`) keeps only the question and the ids, for a Conductor trained from scratch. A worker gets a
+preamble, the overall question, every earlier step it may read as a tagged subtask + response pair, then its own
+subtask. Example workflows are rendered by `render_workflow`, so the prompts and the parser share one grammar.
 """
 
 from __future__ import annotations
