@@ -100,15 +100,12 @@ def conductor_messages(
     check_settings(len(ids), max_steps, access_mode)
     if _compact(prompt):
         return _messages(f"Question:\n{question}", _compact_ids(ids))
-    user = "\n\n".join(
-        [
-            f"Question:\n{question}",
-            _pool_and_format(ids, max_steps, access_mode),
-            _examples(ids, max_steps, access_mode),
-            "Reason briefly about how to split the question, then write the three lists for this question.",
-        ]
+    return _messages(
+        f"Question:\n{question}",
+        _pool_and_format(ids, max_steps, access_mode),
+        _examples(ids, max_steps, access_mode),
+        "Reason briefly about how to split the question, then write the three lists for this question.",
     )
-    return _messages(user)
 
 
 def recursion_messages(
@@ -131,19 +128,16 @@ def recursion_messages(
             f"Its final answer:\n{previous_answer.strip()}",
             _compact_ids(ids),
         )
-    user = "\n\n".join(
-        [
-            f"Question:\n{question}",
-            f"You already ran this workflow:\n{previous_workflow_text.strip()}",
-            f"Its final answer was:\n{previous_answer.strip()}",
-            _pool_and_format(ids, max_steps, access_mode),
-            "If you are confident the final answer is correct, keep it by writing three empty lists:\n"
-            "model_id = []\nsubtasks = []\naccess_list = []\n"
-            "Otherwise write a new workflow that fixes what went wrong; it may use the previous answer in its "
-            "subtasks.",
-        ]
+    return _messages(
+        f"Question:\n{question}",
+        f"You already ran this workflow:\n{previous_workflow_text.strip()}",
+        f"Its final answer was:\n{previous_answer.strip()}",
+        _pool_and_format(ids, max_steps, access_mode),
+        "If you are confident the final answer is correct, keep it by writing three empty lists:\n"
+        "model_id = []\nsubtasks = []\naccess_list = []\n"
+        "Otherwise write a new workflow that fixes what went wrong; it may use the previous answer in its "
+        "subtasks.",
     )
-    return _messages(user)
 
 
 def check_conductor_prompt(prompt: str) -> None:
