@@ -24,26 +24,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _start_jax_with_cheap_codegen() -> None:
-    """Starts this process's CPU backend with LLVM's optimisation off and XLA's older fusion emitters, then restores
-    XLA_FLAGS.
+def _compile_with_cheap_codegen() -> None:
+    """Compiles with LLVM's optimisation off and XLA's older fusion emitters, in this process and in every process the
+    tests start, and starts this process's CPU backend with them.
 
     The suite compiles thousands of small programs that then run for milliseconds, so compiling is most of its time.
     XLA:CPU's MLIR fusion emitters (its default) take about four times as long to compile a program as the older
     emitters (tests/rl/test_learner.py's 85 programs of one test: 33.9 s of XLA compile against 8.6 s), and LLVM's
-    passes most of the rest. XLA reads XLA_FLAGS once, when the backend starts; the restored value is what the
-    subprocesses the tests start (`launch.train` as a user runs it) inherit, so they keep XLA's default codegen, under
-    which their longer runs are faster (a warm-start step of the tiny Conductor: 634 ms against 728 ms with the older
-    emitters). Neither turns on fast-math or reassociation; the values the tests compare stay within their
-    tolerances under both."""
-    flags = os.environ["XLA_FLAGS"]
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-    try:
-        import jax
+    passes most of the rest. The runs the tests start are a few iterations long, so they too spend more on compiling
+    than the slower steps cost them (the tiny Conductor's quickstart run of two iterations: 17 s of compile against 3
+    s). The README's main job, which CI runs as a user does, keeps XLA's default. Neither flag turns on fast-math or
+    reassociation; the values the tests compare stay within their tolerances under both. XLA reads XLA_FLAGS once,
+    when the backend starts, hence the start here."""
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+    import jax
 
-        jax.devices()
-    finally:
-        os.environ["XLA_FLAGS"] = flags
+    jax.devices()
 
 
 def _compile_in_process_without_a_persistent_cache() -> None:
@@ -62,7 +58,7 @@ def _compile_in_process_without_a_persistent_cache() -> None:
 
 def _share_a_cache_between_the_runs_tests_start() -> None:
     """One persistent cache, new for each test run, for the programs the tests start (`launch.train`, `launch.compare`,
-    the multi-host pair): run after run, they compile the same programs with XLA's optimised codegen. JAX's threshold
+    the multi-host pair): run after run, they compile the same programs. JAX's threshold
     stays: only programs that took a second or more to compile are written.
 
     Set after this process's JAX has read its own settings, so only the subprocesses see it. The master creates the
@@ -96,7 +92,7 @@ def _one_thread_each_where_the_workers_fill_the_cores() -> None:
 
 _compile_in_process_without_a_persistent_cache()
 _one_thread_each_where_the_workers_fill_the_cores()  # before this process's JAX reads XLA_FLAGS
-_start_jax_with_cheap_codegen()
+_compile_with_cheap_codegen()
 _share_a_cache_between_the_runs_tests_start()
 
 GIB = 1 << 30

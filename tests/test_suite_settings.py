@@ -35,6 +35,14 @@ def test_the_runs_a_test_starts_share_one_locked_cache_of_this_run_and_not_the_u
     assert int(max_size) > 0, "unbounded, JAX's LRUCache reads and writes without its file lock"
 
 
+def test_the_runs_a_test_starts_compile_with_the_cheap_codegen():
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.environ['XLA_FLAGS'])"], capture_output=True,
+                           text=True, timeout=60)
+    assert child.returncode == 0, child.stderr
+    flags = child.stdout.split()
+    assert {"--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"} <= set(flags), flags
+
+
 def test_a_test_run_deletes_the_cache_it_created_and_keeps_one_it_was_given(tmp_path):
     """A pytest run of its own with this suite's settings: given a directory (as an xdist worker is), it uses and
     keeps it; given none, it creates one and deletes it at its end."""
