@@ -5,7 +5,8 @@ uniformly, so the student writes valid workflows and routes at random; with `all
 template is written once per pool worker instead, so its routing target is exactly uniform. `rollouts`:
 rejection-sampling fine-tuning on the high-reward completions a training run logged to its rollouts.jsonl. `world`:
 rejection-sampling fine-tuning against the world itself, template workflows executed and graded now, each weighted
-by its grade (`world_examples`).
+by its grade (`world_examples`). `optimum`: each training question's best workflow under the run's reward, where the
+world knows it exactly (`optimum_examples`).
 With a task probe, each example is labelled with its question's task at the first worker id it writes.
 """
 
@@ -23,7 +24,7 @@ from env.workflow import Workflow
 from rl.loop import question_order
 from rl.supervised import Example
 
-Teacher = Literal["templates", "rollouts", "world"]
+Teacher = Literal["templates", "rollouts", "world", "optimum"]
 RouteWeighting = Literal["grade", "advantage"]
 Reasoning = Literal["template", "task"]
 
@@ -75,6 +76,8 @@ def teacher_examples(
         return template_examples(environment, count, rng, config, probe)
     if config.teacher == "world":
         return world_examples(environment, count, rng, config, probe)
+    if config.teacher == "optimum":
+        return optimum_examples(environment, probe)
     return rollout_examples(environment, config.rollouts, config.min_reward, probe)
 
 
@@ -178,6 +181,26 @@ def rollout_examples(
     if not examples:
         raise ValueError(f"{path} has no first-round rollout with reward >= {min_reward}")
     return examples
+
+
+def optimum_examples(environment: TokenizedConductorEnv, probe: bool = False) -> list[Example]:
+    """One example per question: the workflow with the highest exact expected reward for the question's task,
+    difficulty and offered pool under the run's reward and step limit (`OrchestrationReference.per_question`).
+
+    Supervised learning on the hindsight-best action of each training question, as a router is trained on which model
+    answered each training question right: the world's exact outcomes play the part of a replay world's recorded ones.
+    Only the orchestration world knows its optimum exactly; the others refuse."""
+    reference = environment.env.world.orchestration
+    if reference is None:
+        raise ValueError(
+            f"--warm_start_teacher=optimum needs a world that knows each question's optimum (--world=orchestration); "
+            f"the {environment.env.world.name} world does not"
+        )
+    labels = task_label_indices(environment) if probe else None
+    return [
+        make_example(environment, question, completion_ids(environment, reference.per_question(task).workflow), labels)
+        for question, task in enumerate(environment.tasks)
+    ]
 
 
 def world_examples(

@@ -134,7 +134,7 @@ def main(argv: list[str]) -> None:
         teacher = teacher_flags.from_flags()
         if supervised_flags.CACHE_DIR.value:
             cached_warm_start(model, environment, warm_start_steps, trainer, teacher,
-                              warm_start_origin(conductor_spec, env_spec),
+                              warm_start_origin(conductor_spec, env_spec, teacher),
                               pathlib.Path(supervised_flags.CACHE_DIR.value))
         else:
             warm_start(model, environment, warm_start_steps, trainer, teacher)

@@ -11,7 +11,12 @@ from env.policies import DEFAULT_TEMPLATES, TEMPLATES
 from launch.flag_groups import field_values, shared
 
 _FIELDS = {
-    "teacher": flags.DEFINE_enum("warm_start_teacher", "templates", get_args(Teacher), "Where the targets come from."),
+    "teacher": flags.DEFINE_enum(
+        "warm_start_teacher", "templates", get_args(Teacher),
+        "Where the targets come from: template workflows with drawn workers (templates), a run log's high-reward "
+        "completions (rollouts), template workflows graded in the world (world), or each training question's best "
+        "workflow under the run's reward, where the world knows it exactly (optimum: --world=orchestration).",
+    ),
     "rollouts": flags.DEFINE_string("warm_start_rollouts", None, "A run's rollouts.jsonl (teacher=rollouts)."),
     "min_reward": flags.DEFINE_float("warm_start_min_reward", 1.0, "Keep logged rollouts with at least this reward."),
     "world_weights": flags.DEFINE_enum(

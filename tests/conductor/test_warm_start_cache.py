@@ -75,16 +75,19 @@ def test_the_key_changes_with_everything_that_decides_the_warm_start(change):
     assert warm_start_key(**{**base, **change}) != warm_start_key(**base)
 
 
-def test_runs_that_differ_in_their_reward_alone_share_a_key():
+def test_runs_that_differ_in_their_reward_alone_share_a_key_unless_the_teacher_reads_the_reward():
     spec = ConductorSpec(name="tiny")
 
-    def key(env_spec):
-        return warm_start_key(STEPS, TRAINER, TEACHER, "none", warm_start_origin(spec, env_spec))
+    def key(env_spec, teacher=TEACHER):
+        return warm_start_key(STEPS, TRAINER, teacher, "none", warm_start_origin(spec, env_spec, teacher))
 
     penalised = EnvConfig(reward=RewardConfig(wrong=0.0, step_penalty=0.2, usd_penalty=10.0))
     assert key(EnvSpec(WORLD, penalised)) == key(EnvSpec(WORLD))
     assert key(EnvSpec(WORLD, EnvConfig(seed=1))) != key(EnvSpec(WORLD))
     assert key(EnvSpec(WORLD, EnvConfig(expected_grades=True))) != key(EnvSpec(WORLD))
+    # The optimum teacher's targets are the best workflows under the run's reward.
+    optimum = TeacherConfig(teacher="optimum")
+    assert key(EnvSpec(WORLD, penalised), optimum) != key(EnvSpec(WORLD), optimum)
 
 
 @pytest.mark.parametrize("teacher", [TeacherConfig(), TeacherConfig(teacher="world")])

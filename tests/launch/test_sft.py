@@ -4,6 +4,7 @@ decision-probe labels (the probe reads the state that chooses the first worker i
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import random
 import subprocess
@@ -16,8 +17,11 @@ from flax import nnx
 from conductor import teachers
 from conductor.loop_environment import TokenizedConductorEnv
 from conductor.teachers import TeacherConfig
+from env import pools
 from env.executor import ExecutorConfig
 from env.gym_env import ConductorEnv, EnvConfig
+from env.optimum import access_pattern
+from env.orchestration import OrchestrationWorldConfig
 from env.prompts import CONDUCTOR_PREFIX
 from env.tasks.synthetic import TASK_LABELS
 from env.workers.replay import ROUTERDC_MODELS
@@ -27,6 +31,7 @@ from models import ModelConfig, Transformer, zoo
 from models.tokenizer import load_tokenizer
 from rl.loop import question_order
 from rl.supervised import SFTConfig, SupervisedTrainer
+from tests.env.test_orchestration import RECIPE_REWARD
 from tests.tiny_models import tiny_config
 
 
@@ -244,7 +249,6 @@ def test_the_sft_command_measures_validity_at_the_rl_temperature_and_writes_an_h
 
 
 def test_template_examples_on_offered_pools_name_each_questions_own_ids_and_whole_pool_teachers_refuse():
-    from env import pools
     from env.worlds import World
 
     base = build_world(SyntheticWorldConfig(num_workers=6, num_tasks=12))
@@ -264,3 +268,44 @@ def test_template_examples_on_offered_pools_name_each_questions_own_ids_and_whol
     assert {p for p, _ in seen} == {(0, 1, 2, 3, 4, 5), (1, 3, 5), (2, 5)}
     with pytest.raises(ValueError, match="some questions offer fewer"):
         teachers.template_examples(environment, 4, random.Random(0), TeacherConfig(all_routes=True))
+
+
+def _orchestration_env(reward, prompt: str = "full") -> TokenizedConductorEnv:
+    world = build_world(OrchestrationWorldConfig(split="validation"), reward, max_steps=3)
+    env = ConductorEnv(world, EnvConfig(max_steps=3, reward=reward, conductor_prompt=prompt))
+    return TokenizedConductorEnv(env, load_tokenizer(zoo.smollm2_135m_instruct()))
+
+
+def _written_workflows(environment: TokenizedConductorEnv, examples) -> list:
+    """Each question's example, parsed against the ids its question offers (an id it does not offer raises)."""
+    return [
+        parse_workflow(
+            CONDUCTOR_PREFIX + environment.tokenizer.decode(list(example.completion_ids), skip_special_tokens=True),
+            pools.offered_pool(environment.tasks[question]), 3,
+        )
+        for question, example in enumerate(examples)
+    ]
+
+
+def test_optimum_examples_write_each_questions_best_workflow_under_the_runs_reward():
+    environment = _orchestration_env(RECIPE_REWARD, "compact")
+    reference = environment.env.world.orchestration
+    examples = teachers.optimum_examples(environment)
+    assert len(examples) == environment.num_questions
+    workflows = _written_workflows(environment, examples)
+    for question, (example, workflow) in enumerate(zip(examples, workflows)):
+        task = environment.tasks[question]
+        assert example.prompt_ids == tuple(environment.prompt_ids(question))  # the run's prompt, compact here
+        # Its exact expected reward, computed for this workflow alone, is the best of every candidate's in its context.
+        best = reference.table(pools.offered_pool(task))[1][reference.row(task)].max()
+        assert reference.expected_reward(task, workflow) == pytest.approx(best, abs=1e-12)
+    assert len({access_pattern(workflow) for workflow in workflows}) >= 3
+    # A heavier step penalty makes a shorter optimum: the targets follow the run's reward.
+    costly = _orchestration_env(dataclasses.replace(RECIPE_REWARD, step_penalty=0.3))
+    costly_workflows = _written_workflows(costly, teachers.optimum_examples(costly))
+    assert np.mean([len(w.steps) for w in costly_workflows]) < np.mean([len(w.steps) for w in workflows])
+
+
+def test_the_optimum_teacher_needs_a_world_that_knows_its_optimum(world):
+    with pytest.raises(ValueError, match="needs a world that knows each question's optimum.*synthetic world does not"):
+        teachers.teacher_examples(TeacherConfig(teacher="optimum"), world, 4, random.Random(0))
