@@ -12,6 +12,7 @@ from env.orchestration import OrchestrationWorldConfig
 from env.worlds import build_world
 from launch import train  # noqa: F401  (defines the flagfile's flags)
 from launch.flag_groups import environment as environment_flags
+from launch.flag_groups import teacher as teacher_flags
 from tests.env.test_orchestration import RECIPE_REWARD
 
 CONFIG = pathlib.Path(__file__).resolve().parents[2] / "launch" / "configs" / "orchestration.cfg"
@@ -23,12 +24,15 @@ def test_the_recipe_builds_the_orchestration_world_and_quotes_its_exact_validati
         flags.FLAGS(["train", f"--flagfile={CONFIG}"])
         spec = environment_flags.from_flags(flags.FLAGS["eval_tasks"].value)
         train_spec = environment_flags.from_flags()
+        teacher = teacher_flags.from_flags()
         assert flags.FLAGS["iterations"].value * flags.FLAGS["questions_per_iteration"].value * flags.FLAGS[
             "group_size"].value == 1920  # the bandit's budget the header names  # fmt: skip
     assert isinstance(spec.world, OrchestrationWorldConfig)
     assert (spec.world.split, train_spec.world.split) == ("validation", "train")
     assert spec.config.reward == RECIPE_REWARD
     assert spec.config.max_steps == 3 and spec.config.expected_grades
+    # The recipe the header states: the compact prompt, warm-started on each training question's optimum.
+    assert (spec.config.conductor_prompt, teacher.teacher) == ("compact", "optimum")
     world = build_world(spec.world, spec.config.reward, spec.config.max_steps)
     figures = world.orchestration.figures(world.tasks)
     quoted = re.search(r"per pool ([\d.]+), the best per \(task, pool\) ([\d.]+), the per-question optimum ([\d.]+)",
