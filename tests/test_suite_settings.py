@@ -11,7 +11,7 @@ import jax
 from jax._src import compilation_cache
 
 from models.zoo import cache_root
-from tests.conftest import SUBPROCESS_CACHE
+from tests.conftest import CHEAP_CODEGEN, SUBPROCESS_CACHE, with_default_codegen
 
 CACHE_SETTINGS = ("import jax; from jax._src import compilation_cache as c; "
                   "print(jax.config.jax_enable_compilation_cache, c.is_cache_used(jax.devices()[0].client), "
@@ -40,7 +40,10 @@ def test_the_runs_a_test_starts_compile_with_the_cheap_codegen():
                            text=True, timeout=60)
     assert child.returncode == 0, child.stderr
     flags = child.stdout.split()
-    assert {"--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"} <= set(flags), flags
+    assert set(CHEAP_CODEGEN) <= set(flags), flags
+    # A longer run a test starts as a user does keeps every other flag and compiles with XLA's default.
+    default = with_default_codegen({"XLA_FLAGS": " ".join(flags), "PATH": "/bin"})
+    assert default == {"XLA_FLAGS": " ".join(f for f in flags if f not in CHEAP_CODEGEN), "PATH": "/bin"}
 
 
 def test_a_test_run_deletes_the_cache_it_created_and_keeps_one_it_was_given(tmp_path):

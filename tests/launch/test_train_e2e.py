@@ -31,6 +31,8 @@ import time
 import pytest
 from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 
+from tests.conftest import with_default_codegen
+
 pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -115,10 +117,11 @@ def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_pa
     """One run of 10 iterations, killed -9 after iteration 3 (past checkpoint 2, before checkpoint 4), then rerun
     with `--iterations=12`: a user's run as it learns, dies and is continued further, in one warm-start's time. As a
     user's runs do, both use their own persistent compilation cache (`--compilation_cache_dir`), not the one the test
-    session gives its subprocesses; the rerun loads the programs the killed run wrote to it."""
+    session gives its subprocesses, and XLA's default codegen; the rerun loads the programs the killed run wrote to
+    it."""
     logdir, cache = tmp_path / "run", tmp_path / "jax_cache"
     session_cache = ("JAX_ENABLE_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR")
-    with_cache = {k: v for k, v in os.environ.items() if k not in session_cache}
+    with_cache = with_default_codegen({k: v for k, v in os.environ.items() if k not in session_cache})
     with_cache["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # every program, however fast it compiles here
     flags = (*EVALUATE_WARM_START_AND_FINAL, f"--compilation_cache_dir={cache}")
     start_and_kill_after(logdir, 3, *flags, env=with_cache)
