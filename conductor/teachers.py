@@ -47,6 +47,12 @@ class TeacherConfig:
     reasoning: Reasoning = "template"
     all_routes: bool = False
 
+    @property
+    def reads_reward(self) -> bool:
+        """Whether the targets depend on the run's reward: only the optimum teacher's do (the world teacher weights
+        routes by their grades; the rollouts teacher filters its log by `min_reward`, a teacher setting)."""
+        return self.teacher == "optimum"
+
     def __post_init__(self) -> None:
         if self.teacher not in get_args(Teacher):
             raise ValueError(f"unknown teacher {self.teacher!r}; choose from {get_args(Teacher)}")

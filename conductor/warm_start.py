@@ -112,11 +112,10 @@ def _key_parts(steps: int, trainer_config: SFTConfig, teacher: TeacherConfig, to
 
 def warm_start_origin(conductor_spec: Any, env_spec: EnvSpec, teacher: TeacherConfig) -> tuple[Any, EnvSpec]:
     """The `origin` of a run's warm-start key: the Conductor's spec and the env's, its reward config set to the
-    default unless the teacher reads the reward. Only the optimum teacher does (its targets are the best workflows
-    under the run's reward); the world teacher weights routes by their grades, the rollouts teacher filters its log by
-    `min_reward` (a teacher setting), and no prompt shows the reward, so with those the runs of a reward-shaping sweep
-    (`--usd_penalty`, `--step_penalty`) share their seed's warm-start."""
-    if teacher.teacher == "optimum":
+    default unless the teacher reads the reward (`TeacherConfig.reads_reward`). No prompt shows the reward, so with the
+    other teachers the runs of a reward-shaping sweep (`--usd_penalty`, `--step_penalty`) share their seed's
+    warm-start."""
+    if teacher.reads_reward:
         return conductor_spec, env_spec
     general = dataclasses.replace(env_spec.config, reward=RewardConfig())
     return conductor_spec, dataclasses.replace(env_spec, config=general)

@@ -29,8 +29,7 @@ CHEAP_CODEGEN = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emi
 
 def with_default_codegen(environment: dict[str, str]) -> dict[str, str]:
     """`environment` for a process that compiles with XLA's default codegen: a run long enough that its steps outweigh
-    its compiles, started as a user starts it (the e2e test's 80 warm-start steps and 12 iterations: 224 CPU-s
-    with the cheap codegen against 190 without)."""
+    its compiles, started as a user starts it (the e2e test's; decision 032 has the measurements)."""
     flags = [flag for flag in environment.get("XLA_FLAGS", "").split() if flag not in CHEAP_CODEGEN]
     return {**environment, "XLA_FLAGS": " ".join(flags)}
 
@@ -43,8 +42,7 @@ def _compile_with_cheap_codegen() -> None:
     XLA:CPU's MLIR fusion emitters (its default) take about four times as long to compile a program as the older
     emitters (tests/rl/test_learner.py's 85 programs of one test: 33.9 s of XLA compile against 8.6 s), and LLVM's
     passes most of the rest. The runs the tests start are a few iterations long, so they too spend more on compiling
-    than the slower steps cost them (the tiny Conductor's quickstart run of two iterations: 17 s of compile against 3
-    s). The README's main job, which CI runs as a user does, keeps XLA's default, and so does a longer run a test starts
+    than the slower steps cost them (decision 032). The README's main job, which CI runs as a user does, keeps XLA's default, and so does a longer run a test starts
     with `with_default_codegen`. Neither flag turns on fast-math or reassociation; the values the tests compare stay
     within their tolerances under both. XLA reads XLA_FLAGS once, when the backend starts, hence the start here."""
     os.environ["XLA_FLAGS"] = " ".join([os.environ["XLA_FLAGS"], *CHEAP_CODEGEN])
