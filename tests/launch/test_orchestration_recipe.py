@@ -25,14 +25,17 @@ def test_the_recipe_builds_the_orchestration_world_and_quotes_its_exact_validati
         spec = environment_flags.from_flags(flags.FLAGS["eval_tasks"].value)
         train_spec = environment_flags.from_flags()
         teacher = teacher_flags.from_flags()
+        learning_rate = flags.FLAGS["learning_rate"].value
         assert flags.FLAGS["iterations"].value * flags.FLAGS["questions_per_iteration"].value * flags.FLAGS[
             "group_size"].value == 1920  # the bandit's budget the header names  # fmt: skip
     assert isinstance(spec.world, OrchestrationWorldConfig)
     assert (spec.world.split, train_spec.world.split) == ("validation", "train")
     assert spec.config.reward == RECIPE_REWARD
     assert spec.config.max_steps == 3 and spec.config.expected_grades
-    # The recipe the header states: the compact prompt, warm-started on each training question's optimum.
+    # The recipe the header states: the compact prompt, warm-started on each training question's optimum, then GRPO
+    # at the learning rate the header names.
     assert (spec.config.conductor_prompt, teacher.teacher) == ("compact", "optimum")
+    assert learning_rate == 1e-4 and "GRPO at a learning rate of 1e-4," in header
     world = build_world(spec.world, spec.config.reward, spec.config.max_steps)
     figures = world.orchestration.figures(world.tasks)
     quoted = re.search(r"per pool ([\d.]+), the best per \(task, pool\) ([\d.]+), the per-question optimum ([\d.]+)",
