@@ -42,9 +42,10 @@ def _compile_with_cheap_codegen() -> None:
     XLA:CPU's MLIR fusion emitters (its default) take about four times as long to compile a program as the older
     emitters (tests/rl/test_learner.py's 85 programs of one test: 33.9 s of XLA compile against 8.6 s), and LLVM's
     passes most of the rest. The runs the tests start are a few iterations long, so they too spend more on compiling
-    than the slower steps cost them (decision 032). The README's main job, which CI runs as a user does, keeps XLA's default, and so does a longer run a test starts
-    with `with_default_codegen`. Neither flag turns on fast-math or reassociation; the values the tests compare stay
-    within their tolerances under both. XLA reads XLA_FLAGS once, when the backend starts, hence the start here."""
+    than the slower steps cost them (decision 032). The README's main job, which CI runs as a user does, keeps XLA's
+    default, and so does a longer run a test starts with `with_default_codegen`. Neither flag turns on fast-math or
+    reassociation; the values the tests compare stay within their tolerances under both. XLA reads XLA_FLAGS once,
+    when the backend starts, hence the start here."""
     os.environ["XLA_FLAGS"] = " ".join([os.environ["XLA_FLAGS"], *CHEAP_CODEGEN])
     import jax
 
