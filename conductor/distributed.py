@@ -32,6 +32,7 @@ import pathlib
 from typing import Any, Literal, get_args
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 from jax.experimental import multihost_utils
@@ -152,6 +153,15 @@ def share_process_zero_weights(model: nnx.Module) -> None:
         return
     params = nnx.state(model, nnx.Param)
     nnx.update(model, jax.tree.map(jax.numpy.asarray, multihost_utils.broadcast_one_to_all(params)))
+
+
+def main_process_value(value: float) -> float:
+    """Process 0's `value` on every process (itself in one process): a figure only process 0 computed, so that
+    every process takes the same branch after it. A collective, as `host_copy`; sent as float32 (JAX's default
+    precision), which every process, process 0 included, then reads alike."""
+    if jax.process_count() == 1:
+        return value
+    return float(multihost_utils.broadcast_one_to_all(np.float32(value)))
 
 
 def host_copy(model: nnx.Module) -> nnx.Module:

@@ -5,7 +5,8 @@ generator and its weight sync (`--generator`, `--sync`), the learner (estimator,
 `rl.loop.TrainingLoop`. Writes TensorBoard events, metrics.jsonl and rollouts.jsonl to `--logdir`, checkpoints to
 `--checkpoint_dir` (default `<logdir>/checkpoints`), and the trained Conductor as an HF directory to
 `<logdir>/conductor_final` (what `launch.eval` and `launch.serve` take as `--conductor`). Rerunning the same
-command resumes from the last checkpoint.
+command resumes from the last checkpoint. With `--selection_tasks` the final Conductor is the run's state that scored
+best on those held-out questions (after the warm-start or at a checkpoint; `rl.selection`), not its last one.
 
 Several hosts run it as one job (`conductor/distributed.py`: `--coordinator_address`, `--num_processes`,
 `--process_id`, or a TPU pod, SLURM or Open MPI): one process per host, the learner's mesh over every host's devices,
@@ -60,7 +61,9 @@ from rl.compiles import use_persistent_cache
 from rl.learner import Learner
 from rl.loop import TrainingLoop
 from rl.metrics import MetricsWriter, first_and_last_fifth, read_metrics
+from rl.selection import BestCheckpoint
 from rollout.types import Generator, SamplingParams
+from sweeps.stats import summary_value
 
 _MESH_FSDP = flags.DEFINE_integer(
     "mesh_fsdp", 1, "Devices on the fsdp mesh axis, counted over all processes (fsdp x tp: all of them, multi-host)."
@@ -70,13 +73,29 @@ _MESH_TP = flags.DEFINE_integer("mesh_tp", 1, "Devices on the tensor-parallel me
 _CHECKPOINT_DIR = flags.DEFINE_string("checkpoint_dir", None, "Checkpoints (default: <logdir>/checkpoints).")
 _KEEP = flags.DEFINE_integer("keep_checkpoints", 3, "Checkpoints kept.")
 _RESUME = flags.DEFINE_boolean("resume", True, "Resume from the latest checkpoint when one exists.")
-_EVAL_TASKS = flags.DEFINE_list("eval_tasks", [], "Held-out task files evaluated after training (greedy).")
+_EVAL_TASKS = flags.DEFINE_list(
+    "eval_tasks", [],
+    "Held-out task files evaluated after training (greedy): the summary's eval (with --selection_tasks, of the "
+    "selected weights; the last ones' in last_eval).",
+)
 _FORMAT_CHECK_QUESTIONS = flags.DEFINE_integer(
     "format_check_questions", 64,
     "Questions the trained Conductor answers greedily at the end, as launch.eval and launch.serve first decode it; "
     "the fraction whose workflow parses is the summary's greedy_valid_format. Fresh questions on a synthetic task "
     "set, else a sample of the training questions (0: no check).",
     lower_bound=0,
+)
+_SELECTION_TASKS = flags.DEFINE_list(
+    "selection_tasks", [],
+    "Held-out task files that choose the run's final weights: the Conductor answers them greedily after the "
+    "warm-start and at every checkpoint (--checkpoint_every), and the state that scores best on --selection_score "
+    "(the earlier on a tie) becomes conductor_final, the one --eval_tasks evaluates (kept in <logdir>/selection). "
+    "Empty: the last weights.",
+)
+_SELECTION_SCORE = flags.DEFINE_string(
+    "selection_score", "average.reward",
+    "The figure of the greedy evaluation on --selection_tasks that the run maximises: a dotted key of its summary "
+    "(as the summary's eval has it, e.g. gap_closed on the orchestration world).",
 )
 _EVAL_WARM_START = flags.DEFINE_boolean(
     "eval_warm_start", False,
@@ -87,10 +106,9 @@ _EVAL_WARM_START = flags.DEFINE_boolean(
 log = logging.getLogger(__name__)
 
 
-def greedy_eval(generator: Generator, tokenizer: Any, sampling: SamplingParams) -> dict[str, Any]:
-    """The greedy evaluation on --eval_tasks, with the Conductor's own completion limit: a default one would hold a
-    non-stopping small Conductor for 1024 steps."""
-    eval_env = build_env(environment_flags.from_flags(_EVAL_TASKS.value))
+def greedy_eval(generator: Generator, tokenizer: Any, sampling: SamplingParams, eval_env: Any) -> dict[str, Any]:
+    """The greedy evaluation on `eval_env`'s questions, with the Conductor's own completion limit: a default one would
+    hold a non-stopping small Conductor for 1024 steps."""
     environment = TokenizedConductorEnv(eval_env, tokenizer, sampling_flags.token_masks(), sampling.max_new_tokens)
     outcomes = conductor_outcomes(generator, environment, dataclasses.replace(sampling, temperature=0.0), repeats=1)
     summary = summarize(outcomes, [worker.name for worker in eval_env.world.pool])
@@ -99,6 +117,36 @@ def greedy_eval(generator: Generator, tokenizer: Any, sampling: SamplingParams) 
     if eval_env.world.name == "zeroeval":
         summary.update(recorded_figures(eval_env.world, outcomes))
     return summary
+
+
+@dataclasses.dataclass
+class Selection:
+    """--selection_tasks: the held-out questions that score the policy and the best state kept so far."""
+
+    best: BestCheckpoint
+    env: Any
+    score_key: str
+
+    def consider(self, iteration: int, loop: TrainingLoop, generator: Generator, tokenizer: Any,
+                 sampling: SamplingParams) -> None:
+        """Scores the generator's current weights (those of `iteration`) and keeps the learner's state if best."""
+        if iteration in self.best.scores:
+            return  # a run of no iterations saves its start, already scored after the warm-start
+        score = float("nan")
+        if distributed.is_main_process():
+            evaluation = greedy_eval(generator, tokenizer, sampling, self.env)
+            value = summary_value(evaluation, self.score_key)
+            if value is None:
+                log.error("--selection_score=%s: the greedy evaluation has no such figure; its keys: %s",
+                          self.score_key, ", ".join(sorted(evaluation)))
+            score = float("nan") if value is None else value
+        score = distributed.main_process_value(score)
+        if score != score:  # every process stops alike
+            raise SystemExit(f"--selection_score={self.score_key} is not a figure of the greedy evaluation on "
+                             "--selection_tasks (process 0 logged its keys)")
+        kept = self.best.consider(iteration, score, loop.learner, loop.rng_key, loop.loop_state())
+        log.info("selection: iteration %d scores %s %.4f%s", iteration, self.score_key, score,
+                 ", the best so far" if kept else "")
 
 
 def main(argv: list[str]) -> None:
@@ -115,6 +163,9 @@ def main(argv: list[str]) -> None:
     if _EVAL_WARM_START.value and not (_EVAL_TASKS.value and warm_start_steps):
         raise SystemExit("--eval_warm_start evaluates the warm-start on --eval_tasks: give both --eval_tasks and "
                          "--warm_start_steps")
+    if shared := sorted(set(_SELECTION_TASKS.value) & set(_EVAL_TASKS.value)):
+        raise SystemExit(f"--selection_tasks and --eval_tasks share {shared}: the evaluation would report the score "
+                         "that chose the weights; choose the weights on another split")
 
     generation = generator_flags.from_flags()
     share_gpu_with_torch_generator(generation)  # before JAX's first computation
@@ -125,6 +176,11 @@ def main(argv: list[str]) -> None:
     environment = TokenizedConductorEnv(env, tokenizer, sampling_flags.token_masks(), sampling.max_new_tokens)
     checkpointer = Checkpointer(checkpoint_dir, keep=_KEEP.value)
     fresh_run = checkpointer.latest_step() is None
+    eval_spec = environment_flags.from_flags(_EVAL_TASKS.value) if _EVAL_TASKS.value else None
+    selection = Selection(
+        BestCheckpoint(log_dir / "selection", write_scores=distributed.is_main_process()),
+        build_env(environment_flags.from_flags(_SELECTION_TASKS.value)), _SELECTION_SCORE.value,
+    ) if _SELECTION_TASKS.value else None
     # LoRA checkpoints hold the adapters alone: a resumed run needs the base they adapt, and a warm-started base
     # exists nowhere but here, so it is written once and read back on resume.
     lora = learner_flags.lora_from_flags(seed=0)
@@ -168,12 +224,17 @@ def main(argv: list[str]) -> None:
         writer=writer,
         checkpointer=checkpointer,
     )
+    if selection is not None:
+        loop.after_checkpoint = lambda iteration: selection.consider(iteration, loop, generator, tokenizer, sampling)
+    if fresh_run and (_EVAL_WARM_START.value or selection is not None):
+        weight_sync(learner.model, loop.policy_version)  # the generator was built from the weights before it
+    if fresh_run and selection is not None:
+        selection.consider(0, loop, generator, tokenizer, sampling)
     warm_start_eval_path = log_dir / "warm_start_eval.json"
     if _EVAL_WARM_START.value:
         if fresh_run:
-            weight_sync(learner.model, loop.policy_version)  # the generator was built from the weights before it
             if distributed.is_main_process():
-                warm_start_eval = greedy_eval(generator, tokenizer, sampling)
+                warm_start_eval = greedy_eval(generator, tokenizer, sampling, build_env(eval_spec))
                 warm_start_eval_path.write_text(json.dumps(warm_start_eval, sort_keys=True))
                 log.info("warm-start greedy average %.4f", warm_start_eval["average_accuracy"])
         elif distributed.is_main_process() and not warm_start_eval_path.exists():
@@ -181,6 +242,18 @@ def main(argv: list[str]) -> None:
         # while process 0 evaluates
         distributed.wait_for_every_process("launch.train: warm-start evaluation", processes.shutdown_timeout_s)
     history = loop.run()
+    last_eval = None
+    if selection is not None:
+        if _EVAL_TASKS.value and selection.best.best_step != loop.iteration:
+            # The last weights too, on the same questions: what the selection changed, in the summary's last_eval.
+            if distributed.is_main_process():
+                last_eval = greedy_eval(generator, tokenizer, sampling, build_env(eval_spec))
+            distributed.wait_for_every_process("launch.train: last weights' evaluation", processes.shutdown_timeout_s)
+        selected_iteration = selection.best.restore(learner)
+        selection.best.close()
+        weight_sync(learner.model, loop.policy_version)  # the generator evaluates the selected weights
+        log.info("selected the weights of iteration %d of %d (%s %.4f on %s)", selected_iteration, loop.iteration,
+                 _SELECTION_SCORE.value, selection.best.scores[selected_iteration], ",".join(_SELECTION_TASKS.value))
     final_model = distributed.host_copy(learner.model)
     checkpointer.close()
     if not distributed.is_main_process():
@@ -213,8 +286,16 @@ def main(argv: list[str]) -> None:
         log.info("greedy valid format %d/%d%s", validity.valid, validity.questions,
                  "".join(f"\n  {question!r}: {error}" for question, error in validity.failures[:3]))
         summary["greedy_valid_format"] = validity.rate
+    if selection is not None:
+        summary["selection"] = {
+            "tasks": _SELECTION_TASKS.value, "score": _SELECTION_SCORE.value, "selected_iteration": selected_iteration,
+            "selected_score": selection.best.scores[selected_iteration],
+            "scores": {str(iteration): score for iteration, score in sorted(selection.best.scores.items())},
+        }
     if _EVAL_TASKS.value:
-        summary["eval"] = greedy_eval(generator, tokenizer, sampling)
+        summary["eval"] = greedy_eval(generator, tokenizer, sampling, build_env(eval_spec))
+        if selection is not None:
+            summary["last_eval"] = last_eval or summary["eval"]
     if _EVAL_WARM_START.value and warm_start_eval_path.exists():
         summary["warm_start_eval"] = json.loads(warm_start_eval_path.read_text())
     writer.close()

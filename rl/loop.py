@@ -287,7 +287,10 @@ class TrainingLoop:
         pad_id: int,
         writer: MetricsWriter | None = None,
         checkpointer: Checkpointer | None = None,
+        after_checkpoint: Callable[[int], None] | None = None,
     ):
+        """`after_checkpoint(iteration)` runs after each checkpoint the run saves (a validation pass, say), while
+        no sample is drawn and the generators hold that iteration's weights."""
         self.config = config
         self.learner = learner
         self.sampler = sampler
@@ -297,7 +300,9 @@ class TrainingLoop:
         self.pad_id = pad_id
         self.writer = writer
         self.checkpointer = checkpointer
+        self.after_checkpoint = after_checkpoint
         self.iteration = 0
+        self._saved_iteration: int | None = None  # the last iteration save() ran at, or a resumed run's checkpoint
         self.data_position = 0
         self.policy_version = 0
         self.rng_key = jax.random.key(config.seed)
@@ -347,7 +352,7 @@ class TrainingLoop:
         if restored is None:
             return False
         step, self.rng_key, state = restored
-        self.iteration = int(state["iteration"])
+        self.iteration = self._saved_iteration = int(state["iteration"])
         self.data_position = int(state["data_position"])
         self.policy_version = int(state["policy_version"])
         self._next_sample_id = int(state["next_sample_id"])
@@ -365,8 +370,12 @@ class TrainingLoop:
             self._generator_version = self.policy_version
 
     def save(self) -> None:
+        self._saved_iteration = self.iteration
         if self.checkpointer is not None:
             self.checkpointer.save(self.iteration, self.learner, self.rng_key, self.loop_state())
+        if self.after_checkpoint is not None:
+            with self._generator_lock:  # an asynchronous pipeline's sampler waits
+                self.after_checkpoint(self.iteration)
 
     # -- one iteration ----------------------------------------------------------------------------------------------
 
@@ -676,7 +685,7 @@ class TrainingLoop:
         finally:
             if pipeline is not None:
                 pipeline.close()
-        if self.checkpointer is not None and self.checkpointer.latest_step() != self.iteration:
+        if self._saved_iteration != self.iteration:
             self.save()
         if self.writer is not None:
             self.writer.flush()

@@ -35,6 +35,8 @@ def _rows() -> list[tuple[list[str], list[str]]]:
 def _value(text: str):
     if text in UNSET:
         return None
+    if text == "none":  # an empty list
+        return []
     if text in ("on", "off"):
         return text == "on"
     if text.startswith("`"):

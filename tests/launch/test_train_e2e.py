@@ -113,7 +113,14 @@ def start_and_kill_after(logdir: pathlib.Path, iteration: int, *extra_flags: str
     process.wait()
 
 
-def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_path):
+@pytest.fixture(scope="module")
+def warm_start_cache(tmp_path_factory) -> str:
+    """One warm-start for the file's runs of FLAGS: the first computes and stores it, the others load it (the tests
+    of a file run in order on one worker, `--dist loadfile`; alone, a test computes its own)."""
+    return f"--warm_start_cache_dir={tmp_path_factory.mktemp('warm_starts')}"
+
+
+def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_path, warm_start_cache):
     """One run of 10 iterations, killed -9 after iteration 3 (past checkpoint 2, before checkpoint 4), then rerun
     with `--iterations=12`: a user's run as it learns, dies and is continued further, in one warm-start's time. As a
     user's runs do, both use their own persistent compilation cache (`--compilation_cache_dir`), not the one the test
@@ -123,7 +130,7 @@ def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_pa
     session_cache = ("JAX_ENABLE_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR")
     with_cache = with_default_codegen({k: v for k, v in os.environ.items() if k not in session_cache})
     with_cache["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # every program, however fast it compiles here
-    flags = (*EVALUATE_WARM_START_AND_FINAL, f"--compilation_cache_dir={cache}")
+    flags = (*EVALUATE_WARM_START_AND_FINAL, f"--compilation_cache_dir={cache}", warm_start_cache)
     start_and_kill_after(logdir, 3, *flags, env=with_cache)
     first = train(logdir, 12, *flags, env=with_cache)
     assert "resumed from checkpoint 2" in first.stderr
@@ -181,4 +188,38 @@ def test_evaluating_the_warm_start_needs_a_warm_start_and_eval_tasks(tmp_path, m
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode != 0 and "give both --eval_tasks and --warm_start_steps" in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_selection_ends_the_run_on_its_best_scoring_weights_not_its_last(tmp_path, warm_start_cache):
+    """`--selection_tasks`: the run scores the warm-start and every checkpoint greedily on those questions and ends on
+    the best. Two updates at a learning rate of 1 wreck the warm-started policy (its greedy workflows stop parsing),
+    so the warm-start (iteration 0) is kept: the format check and the summary's greedy evaluation, made after the
+    selection, see its weights, not the last ones. (The synthetic world draws the same questions whatever the task
+    name, so the two names here stand for two splits.)"""
+    logdir = tmp_path / "run"
+    result = train(logdir, 2, "--learning_rate=1", "--learning_rate_schedule=constant", "--checkpoint_every=1",
+                   "--selection_tasks=synthetic-selection", "--eval_tasks=synthetic", "--format_check_questions=16",
+                   warm_start_cache)
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    selection = summary["selection"]
+    scores = selection["scores"]
+    assert (selection["tasks"], selection["score"]) == (["synthetic-selection"], "average.reward")
+    assert list(scores) == ["0", "1", "2"] and selection["selected_iteration"] == 0, selection
+    assert scores["0"] > max(scores["1"], scores["2"]), "the updates should wreck the policy"
+    # The evaluation draws no outcome the selection did not (same questions, greedy, exact grades of a 0/1 world).
+    assert summary["eval"]["average"]["reward"] == pytest.approx(scores["0"])
+    assert summary["greedy_valid_format"] >= 0.9 and summary["eval"]["average"]["valid_format"] >= 0.9
+    records = metric_records(logdir)
+    assert records[-1]["rollout/valid_format"] < 0.5, "the last weights no longer write workflows"
+    assert json.loads((logdir / "selection" / "scores.json").read_text()) == scores
+    assert "selected the weights of iteration 0 of 2" in result.stderr
+
+
+def test_selection_and_evaluation_on_the_same_split_are_refused(tmp_path):
+    result = subprocess.run(
+        train_command(tmp_path / "run", 1, "--eval_tasks=synthetic", "--selection_tasks=synthetic"),
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0 and "--selection_tasks and --eval_tasks share ['synthetic']" in result.stderr
     assert not (tmp_path / "run").exists()
