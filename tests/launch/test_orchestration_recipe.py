@@ -1,5 +1,6 @@
 """launch/configs/orchestration.cfg builds the orchestration world its header describes, with the reward
-tests/env/test_orchestration.py checks, and the exact validation figures the header quotes."""
+tests/env/test_orchestration.py checks, chooses its final weights on the validation split whose exact figures the
+header quotes."""
 
 import pathlib
 import re
@@ -22,7 +23,9 @@ def test_the_recipe_builds_the_orchestration_world_and_quotes_its_exact_validati
     header = " ".join(line[1:].strip() for line in CONFIG.read_text().splitlines() if line.startswith("#"))
     with flagsaver.flagsaver():
         flags.FLAGS(["train", f"--flagfile={CONFIG}"])
-        spec = environment_flags.from_flags(flags.FLAGS["eval_tasks"].value)
+        assert flags.FLAGS["eval_tasks"].value == [], "the test split is the reporting round's, on its command line"
+        assert flags.FLAGS["selection_score"].value == "gap_closed"
+        spec = environment_flags.from_flags(flags.FLAGS["selection_tasks"].value)
         train_spec = environment_flags.from_flags()
         teacher = teacher_flags.from_flags()
         learning_rate = flags.FLAGS["learning_rate"].value
