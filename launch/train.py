@@ -97,6 +97,12 @@ _SELECTION_SCORE = flags.DEFINE_string(
     "The figure of the greedy evaluation on --selection_tasks that the run maximises: a dotted key of its summary "
     "(as the summary's eval has it, e.g. gap_closed on the orchestration world).",
 )
+flags.register_multi_flags_validator(
+    ["selection_tasks", "eval_tasks"],
+    lambda values: not set(values["selection_tasks"]) & set(values["eval_tasks"]),
+    "--selection_tasks and --eval_tasks share a task file: the evaluation would report the score that chose the "
+    "weights; choose them on another split",
+)
 _EVAL_WARM_START = flags.DEFINE_boolean(
     "eval_warm_start", False,
     "Also evaluate --eval_tasks greedily after the warm-start, before RL: the summary's warm_start_eval, beside its "
@@ -163,9 +169,6 @@ def main(argv: list[str]) -> None:
     if _EVAL_WARM_START.value and not (_EVAL_TASKS.value and warm_start_steps):
         raise SystemExit("--eval_warm_start evaluates the warm-start on --eval_tasks: give both --eval_tasks and "
                          "--warm_start_steps")
-    if shared := sorted(set(_SELECTION_TASKS.value) & set(_EVAL_TASKS.value)):
-        raise SystemExit(f"--selection_tasks and --eval_tasks share {shared}: the evaluation would report the score "
-                         "that chose the weights; choose the weights on another split")
 
     generation = generator_flags.from_flags()
     share_gpu_with_torch_generator(generation)  # before JAX's first computation

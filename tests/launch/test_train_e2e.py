@@ -215,11 +215,3 @@ def test_selection_ends_the_run_on_its_best_scoring_weights_not_its_last(tmp_pat
     assert json.loads((logdir / "selection" / "scores.json").read_text()) == scores
     assert "selected the weights of iteration 0 of 2" in result.stderr
 
-
-def test_selection_and_evaluation_on_the_same_split_are_refused(tmp_path):
-    result = subprocess.run(
-        train_command(tmp_path / "run", 1, "--eval_tasks=synthetic", "--selection_tasks=synthetic"),
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode != 0 and "--selection_tasks and --eval_tasks share ['synthetic']" in result.stderr
-    assert not (tmp_path / "run").exists()

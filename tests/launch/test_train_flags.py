@@ -115,6 +115,13 @@ def test_the_renamed_num_iterations_flag_is_refused_with_its_new_name():
         flags.FLAGS(["train", "--num_iterations=2"])
 
 
+def test_selection_and_evaluation_on_one_split_are_refused():
+    with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match="share a task file"):
+        flags.FLAGS(["train", "--eval_tasks=validation,test", "--selection_tasks=test"])
+    with flagsaver.flagsaver():
+        flags.FLAGS(["train", "--eval_tasks=test", "--selection_tasks=validation"])
+
+
 def test_with_recursion_rounds_the_schedule_spans_the_largest_batch():
     # 4 questions x 8 completions and two recursion rounds: at most 96 rows, 12 mini-batches of 8 (the last of a
     # smaller batch is shorter), so 20 iterations hold at most 240 optimizer steps.
