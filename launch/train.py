@@ -108,6 +108,11 @@ _EVAL_WARM_START = flags.DEFINE_boolean(
     "Also evaluate --eval_tasks greedily after the warm-start, before RL: the summary's warm_start_eval, beside its "
     "eval (kept in <logdir>/warm_start_eval.json, so a resumed run still reports it).",
 )
+flags.register_multi_flags_validator(
+    ["eval_warm_start", "eval_tasks", "warm_start_steps"],
+    lambda values: not values["eval_warm_start"] or bool(values["eval_tasks"] and values["warm_start_steps"]),
+    "--eval_warm_start evaluates the warm-start on --eval_tasks: give both --eval_tasks and --warm_start_steps",
+)
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +171,6 @@ def main(argv: list[str]) -> None:
     checkpoint_dir = pathlib.Path(_CHECKPOINT_DIR.value or log_dir / "checkpoints")
     if not _RESUME.value and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
         raise SystemExit(f"{checkpoint_dir} holds checkpoints and --noresume was given; choose a new --logdir")
-    if _EVAL_WARM_START.value and not (_EVAL_TASKS.value and warm_start_steps):
-        raise SystemExit("--eval_warm_start evaluates the warm-start on --eval_tasks: give both --eval_tasks and "
-                         "--warm_start_steps")
 
     generation = generator_flags.from_flags()
     share_gpu_with_torch_generator(generation)  # before JAX's first computation

@@ -181,16 +181,6 @@ def test_training_raises_reward_logs_checkpoints_and_resumes_after_a_kill(tmp_pa
     assert final["average_accuracy"] >= 0.9, final
 
 
-@pytest.mark.parametrize("missing", ["--eval_tasks=", "--warm_start_steps=0"])
-def test_evaluating_the_warm_start_needs_a_warm_start_and_eval_tasks(tmp_path, missing):
-    result = subprocess.run(
-        train_command(tmp_path / "run", 1, "--eval_tasks=synthetic", "--eval_warm_start", missing),
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode != 0 and "give both --eval_tasks and --warm_start_steps" in result.stderr, result.stderr
-    assert not (tmp_path / "run").exists()
-
-
 def test_selection_ends_the_run_on_its_best_scoring_weights_not_its_last(tmp_path, warm_start_cache):
     """`--selection_tasks`: the run scores the warm-start and every checkpoint greedily on those questions and ends on
     the best. Two updates at a learning rate of 1 wreck the warm-started policy (its greedy workflows stop parsing),

@@ -115,6 +115,16 @@ def test_the_renamed_num_iterations_flag_is_refused_with_its_new_name():
         flags.FLAGS(["train", "--num_iterations=2"])
 
 
+@pytest.mark.parametrize("given", [("--warm_start_steps=8",), ("--eval_tasks=synthetic", "--warm_start_steps=0"),
+                                   ("--eval_tasks=synthetic",)])
+def test_evaluating_the_warm_start_needs_a_warm_start_and_eval_tasks(given):
+    with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError,
+                                              match="give both --eval_tasks and --warm_start_steps"):
+        flags.FLAGS(["train", "--eval_warm_start", *given])
+    with flagsaver.flagsaver():
+        flags.FLAGS(["train", "--eval_tasks=synthetic", "--warm_start_steps=8", "--eval_warm_start"])
+
+
 def test_selection_and_evaluation_on_one_split_are_refused():
     with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match="share a task file"):
         flags.FLAGS(["train", "--eval_tasks=validation,test", "--selection_tasks=test"])
