@@ -89,8 +89,8 @@ _SELECTION_TASKS = flags.DEFINE_list(
     "selection_tasks", [],
     "Held-out task files that choose the run's final weights: the Conductor answers them greedily after the "
     "warm-start and at every checkpoint (--checkpoint_every), and the state that scores best on --selection_score "
-    "(the earlier on a tie) becomes conductor_final, the one --eval_tasks evaluates (kept in <logdir>/selection). "
-    "Empty: the last weights.",
+    "(the earlier on a tie) becomes conductor_final, the one --eval_tasks evaluates (kept in <logdir>/selection; a "
+    "checkpoint whose scoring a kill interrupted stays unscored on resume). Empty: the last weights.",
 )
 _SELECTION_SCORE = flags.DEFINE_string(
     "selection_score", "average.reward",
